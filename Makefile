@@ -1,0 +1,39 @@
+# The two front doors of dlscale (see README):
+#   make demo   set up .venv, generate the synthetic ERA5 data set if missing, train the demo ViT
+#   make test   set up .venv with the test extras and run the whole suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU wheel of torch that the development and CI machines carry. On a GPU machine pass the build you
+# want (e.g. `make demo TORCH_SPEC=torch`), or install torch into .venv first: an installed torch is kept.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.dlscale-installed
+DEMO_DATA ?= data/era5_demo
+DEMO_CONFIG ?= demo
+
+.PHONY: demo test lint install clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "== keeping the torch already in $(VENV)"; $(BIN)/python -m pip install -q -e '.[dev]'; \
+	else \
+		echo "== installing dlscale with $(TORCH_SPEC) into $(VENV)"; $(BIN)/python -m pip install -q "$(TORCH_SPEC)" -e '.[dev]'; \
+	fi
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dlscale data synth-era5 --out $(DEMO_DATA) --preset demo --if-missing
+	$(BIN)/dlscale train --yaml_config configs/vit_era5.yaml --config $(DEMO_CONFIG)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,165 @@
+"""The ``dlscale`` command: parse arguments, then hand over to :mod:`dlscale.commands`.
+
+dlscale train --yaml_config configs/vit_era5.yaml --config short [--set optim.lr=1e-3] [tutorial flags]
+dlscale data synth-era5 --out data/era5_demo --preset demo
+dlscale config --yaml_config configs/vit_era5.yaml --config short     # the resolved config
+dlscale info                                                           # versions and device
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dlscale import __version__
+from dlscale.errors import DlscaleError
+
+DEFAULT_YAML = "configs/vit_era5.yaml"
+
+# The tutorials' own flags, spelled as their users type them, and the config key each one sets. They are
+# applied after --set, and unlike the tutorials' scripts they also switch things *off* (--num_data_workers 0).
+TUTORIAL_FLAGS: dict[str, str] = {
+    "run_num": "log.run_num",
+    "num_epochs": "train.num_epochs",
+    "num_iters": "train.num_iters",
+    "local_batch_size": "train.local_batch_size",
+    "num_data_workers": "loader.num_data_workers",
+    "amp_mode": "train.amp_mode",
+    "enable_fused": "optim.enable_fused",
+    "enable_jit": "train.enable_jit",
+    "data_loader_config": "loader.data_loader_config",
+    "bucket_cap_mb": "parallel.bucket_cap_mb",
+    "disable_broadcast_buffers": "parallel.disable_broadcast_buffers",
+    "noddp": "parallel.noddp",
+    "tensor_parallel": "parallel.tensor_parallel",
+    "context_parallel": "parallel.context_parallel",
+    "parallel_order": "parallel.parallel_order",
+    # dlscale's own shortcuts
+    "expdir": "log.expdir",
+    "seed": "train.seed",
+    "resume": "checkpoint.resume",
+    "progress": "log.progress",
+}
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """--yaml_config, --config and --set: which config to read and what to change in it."""
+    parser.add_argument(
+        "--yaml_config", default=DEFAULT_YAML, help=f"YAML file of named configs (default {DEFAULT_YAML})"
+    )
+    parser.add_argument("--config", default="base", help="name of the config in the YAML file (default base)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, dotted (optim.lr=1e-3) or flat (lr=1e-3); repeatable",
+    )
+
+
+def add_tutorial_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("the tutorials' flags (each sets one config key; see README)")
+    group.add_argument("--run_num", help="run tag: outputs go to <expdir>/<config>/<run_num> (log.run_num)")
+    group.add_argument(
+        "--num_epochs", type=int, help="epochs to train; wins over num_iters (train.num_epochs)"
+    )
+    group.add_argument("--num_iters", type=int, help="optimizer steps (train.num_iters)")
+    group.add_argument("--local_batch_size", type=int, help="per-rank batch; global = local x ranks")
+    group.add_argument(
+        "--num_data_workers", type=int, help="DataLoader worker processes (loader.num_data_workers)"
+    )
+    group.add_argument(
+        "--amp_mode", choices=["none", "fp16", "bf16"], help="mixed precision (train.amp_mode)"
+    )
+    group.add_argument("--enable_fused", action=argparse.BooleanOptionalAction, help="fused optimizer step")
+    group.add_argument("--enable_jit", action=argparse.BooleanOptionalAction, help="torch.compile the model")
+    group.add_argument("--data_loader_config", choices=["pytorch", "gpu", "dali"], help="data pipeline")
+    group.add_argument(
+        "--bucket_cap_mb", type=float, help="DDP gradient bucket size (parallel.bucket_cap_mb)"
+    )
+    group.add_argument("--disable_broadcast_buffers", action=argparse.BooleanOptionalAction, help="DDP knob")
+    group.add_argument(
+        "--noddp", action=argparse.BooleanOptionalAction, help="no gradient sync between ranks"
+    )
+    group.add_argument("--tensor_parallel", type=int, help="tensor-parallel size (parallel.tensor_parallel)")
+    group.add_argument(
+        "--context_parallel", type=int, help="context-parallel size (parallel.context_parallel)"
+    )
+    group.add_argument(
+        "--parallel_order", help="rank order of the mesh, e.g. tp-cp-dp (parallel.parallel_order)"
+    )
+    own = parser.add_argument_group("run control")
+    own.add_argument("--expdir", help="root of the run directories (log.expdir)")
+    own.add_argument("--seed", type=int, help="random seed (train.seed)")
+    own.add_argument("--resume", help="auto (default), never, or a checkpoint file (checkpoint.resume)")
+    own.add_argument(
+        "--progress", choices=["auto", "bar", "lines", "none"], help="progress display (log.progress)"
+    )
+
+
+def tutorial_flag_values(args: argparse.Namespace) -> dict[str, object]:
+    """Config keys set by the tutorial flags given on the command line."""
+    return {
+        key: getattr(args, flag)
+        for flag, key in TUTORIAL_FLAGS.items()
+        if getattr(args, flag, None) is not None
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dlscale", description="Train scientific deep-learning models at scale."
+    )
+    parser.add_argument("--version", action="version", version=f"dlscale {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser("train", help="train a model from a named config")
+    add_config_arguments(train)
+    add_tutorial_flags(train)
+
+    data = commands.add_parser("data", help="generate synthetic data sets in the real on-disk formats")
+    generators = data.add_subparsers(dest="generator", required=True, metavar="GENERATOR")
+    era5 = generators.add_parser("synth-era5", help="ERA5-like fields in the NERSC tutorial's HDF5 layout")
+    era5.add_argument("--out", required=True, help="output directory (holds train/ valid/ test/ stats/)")
+    era5.add_argument(
+        "--preset", default="demo", help="tiny | demo | full (361x720, real year length); default demo"
+    )
+    era5.add_argument("--height", type=int, help="grid rows (from +90 to -90 degrees)")
+    era5.add_argument("--width", type=int, help="grid columns")
+    era5.add_argument("--train-years", type=int, help="files in train/")
+    era5.add_argument("--valid-years", type=int, help="files in valid/")
+    era5.add_argument("--test-years", type=int, help="files in test/")
+    era5.add_argument("--steps-per-year", type=int, help="6-hourly steps per file (1460 in a real year)")
+    era5.add_argument("--first-year", type=int, help="year of the first training file (default 1979)")
+    era5.add_argument("--seed", type=int, help="seed of the synthetic atmosphere")
+    era5.add_argument("--noise", type=float, help="i.i.d. noise as a fraction of each channel's spread")
+    era5.add_argument(
+        "--if-missing", action="store_true", help="do nothing if OUT already holds this data set"
+    )
+
+    config = commands.add_parser("config", help="print a resolved config, or every key with --keys")
+    add_config_arguments(config)
+    add_tutorial_flags(config)
+    config.add_argument("--keys", action="store_true", help="list every config key with its type and default")
+
+    commands.add_parser("info", help="versions and the device dlscale would train on")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``dlscale`` console script."""
+    args = build_parser().parse_args(argv)
+    from dlscale import commands  # imported here so that --help and --version stay fast
+
+    try:
+        return commands.run(args)
+    except DlscaleError as exc:
+        print(f"dlscale: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dlscale: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""``dlscale config`` (show a resolved config or every key) and ``dlscale info`` (versions, device)."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+
+from dlscale import __version__
+from dlscale.cli import tutorial_flag_values
+from dlscale.config import config_reference, load_run_config
+
+
+def run_config(args: argparse.Namespace) -> int:
+    if args.keys:
+        print(config_reference())
+        return 0
+    cfg = load_run_config(args.yaml_config, args.config, args.set, tutorial_flag_values(args))
+    print(cfg.to_yaml(), end="")
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    import h5py
+    import numpy
+    import torch
+
+    from dlscale.runtime.device import Device
+
+    device = Device.select()
+    print(f"dlscale {__version__}")
+    print(
+        f"python {platform.python_version()}, torch {torch.__version__}, numpy {numpy.__version__}, h5py {h5py.__version__}"
+    )
+    print(f"device: {device.torch} ({device.name})")
+    print(
+        f"CUDA available: {torch.cuda.is_available()}; distributed available: {torch.distributed.is_available()}"
+    )
+    return 0

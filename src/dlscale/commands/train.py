@@ -1,0 +1,91 @@
+"""``dlscale train``: resolve the config, set up the run directory, build, train, report."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from dlscale import __version__
+from dlscale.cli import tutorial_flag_values
+from dlscale.config import RunConfig, load_run_config
+from dlscale.report.console import ConsoleReporter
+from dlscale.report.progress import ProgressReporter
+from dlscale.report.run_dir import run_directory, setup_logging
+from dlscale.report.summary import RunSummary
+from dlscale.report.tensorboard import TensorBoardReporter
+from dlscale.runtime.device import Device
+from dlscale.runtime.launch import detect_process
+from dlscale.runtime.signals import StopRequest
+from dlscale.train.checkpointing import CheckpointObserver
+from dlscale.train.observer import Observer
+from dlscale.train.setup import TrainingSetup, build_training, describe_setup
+from dlscale.train.trainer import Trainer
+
+log = logging.getLogger("dlscale.train")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    cfg = load_run_config(args.yaml_config, args.config, args.set, tutorial_flag_values(args))
+    return train(cfg)
+
+
+def train(
+    cfg: RunConfig, stop: StopRequest | None = None, extra_observers: list[Observer] | None = None
+) -> int:
+    """Train the run described by ``cfg``; returns 0 when it finished or stopped cleanly (checkpoint saved)."""
+    process = detect_process()
+    run_dir = run_directory(cfg.log, cfg.name)
+    setup_logging(run_dir / "out.log", enabled=process.is_main)
+    log.info("dlscale %s: config %r from %s (workload %s)", __version__, cfg.name, cfg.source, cfg.workload)
+    if cfg.overrides:
+        log.info("Overrides: %s", " ".join(cfg.overrides))
+    log.info("Run directory: %s", run_dir)
+    device = Device.select(process.local_rank)
+    setup = build_training(cfg, run_dir, process, device)
+    if setup.progress.completed:
+        log.info(
+            "This run already finished (%d steps, checkpoint %s); nothing to train. Its results are in %s. "
+            "To train again, use another --run_num.",
+            setup.progress.global_step,
+            setup.resumed_from,
+            run_dir,
+        )
+        return 0
+    if process.is_main:
+        write_text_atomically(run_dir / "config.yaml", cfg.to_yaml())
+    for line in describe_setup(setup):
+        log.info("%s", line)
+    with stop or StopRequest() as stop_request:
+        Trainer(setup, build_observers(setup) + (extra_observers or []), stop_request).fit()
+    return 0
+
+
+def build_observers(setup: TrainingSetup) -> list[Observer]:
+    """The observers of a run, in the order they are told about events (logs before checkpoint lines)."""
+    cfg, run_dir = setup.config, setup.run_dir
+    if not setup.process.is_main:
+        return []
+    observers: list[Observer] = [
+        ConsoleReporter(),
+        ProgressReporter(cfg.log.progress, cfg.log.progress_interval_s),
+    ]
+    tensorboard_dir = run_dir / "tensorboard" if cfg.log.tensorboard else None
+    if tensorboard_dir is not None:
+        observers.append(TensorBoardReporter(tensorboard_dir))
+    if cfg.checkpoint.enabled:
+        observers.append(CheckpointObserver(cfg.checkpoint, setup.checkpoints))
+    checkpoint_dir = setup.checkpoints.directory if cfg.checkpoint.enabled else None
+    observers.append(RunSummary(run_dir, tensorboard_dir, checkpoint_dir))
+    return observers
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` without ever leaving a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(handle, "w") as stream:
+        stream.write(text)
+    os.replace(temporary, path)

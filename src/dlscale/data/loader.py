@@ -1,0 +1,73 @@
+"""DataLoader options (the ``loader:`` config section) and the loaders built from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from dlscale.errors import InvalidValue, NotAvailableYet
+
+
+@dataclass
+class LoaderConfig:
+    """How batches are read: worker processes, pinned memory, prefetching, and which pipeline."""
+
+    num_data_workers: int = 0  # DataLoader worker processes (0 reads in the training process)
+    pin_memory: bool | None = (
+        None  # page-locked host batches for faster copies; null = on when training on a GPU
+    )
+    persistent_workers: bool = True  # keep workers alive between epochs (only with workers > 0)
+    prefetch_factor: int | None = None  # batches each worker reads ahead; null = torch's default (2)
+    data_loader_config: Literal["pytorch", "gpu", "dali"] = "pytorch"  # the pipeline that reads the data
+    shuffle: bool = True  # shuffle the training samples each epoch (validation is read in order)
+
+    def __post_init__(self) -> None:
+        if self.num_data_workers < 0:
+            raise InvalidValue("num_data_workers", f"must be >= 0, got {self.num_data_workers}")
+        if self.prefetch_factor is not None and self.prefetch_factor < 1:
+            raise InvalidValue("prefetch_factor", f"must be >= 1 or null, got {self.prefetch_factor}")
+        if self.data_loader_config != "pytorch":
+            raise NotAvailableYet(
+                "data_loader_config",
+                self.data_loader_config,
+                "the GPU data pipeline (DALI's role)",
+                "pytorch",
+            )
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Give numpy in each worker its own seed, derived from the loader's seed (torch seeds itself)."""
+    np.random.seed(torch.initial_seed() % 2**32)
+
+
+def build_loader(
+    dataset: Dataset,
+    cfg: LoaderConfig,
+    batch_size: int,
+    sampler: Sampler[int],
+    pin_memory_default: bool,
+    seed: int,
+    persistent: bool = True,
+) -> DataLoader:
+    """A DataLoader over ``sampler``'s indices in batches of ``batch_size`` (the last batch may be short).
+
+    The loader gets its own random generator, so creating its iterator never draws from the global torch
+    RNG: the model's random state (dropout) then does not depend on when epochs start, which exact resume needs.
+    """
+    workers = cfg.num_data_workers
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=pin_memory_default if cfg.pin_memory is None else cfg.pin_memory,
+        persistent_workers=persistent and cfg.persistent_workers and workers > 0,
+        prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
+        worker_init_fn=_seed_worker if workers > 0 else None,
+        generator=torch.Generator().manual_seed(seed),
+        drop_last=False,
+    )

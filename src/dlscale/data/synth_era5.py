@@ -1,0 +1,164 @@
+"""`dlscale data synth-era5`: write a synthetic ERA5 data set in exactly the layout of the real tutorial data.
+
+    OUT/train/<year>.h5, OUT/valid/<year>.h5, OUT/test/<year>.h5   dataset `fields`, float32 (T, 20, H, W)
+    OUT/stats/global_means.npy, global_stds.npy                   (1, 20, 1, 1), over the training years
+    OUT/stats/time_means.npy                                      (1, 20, H, W), over the training years
+    OUT/manifest.json                                             how it was generated (written last)
+
+The years form one continuous 6-hourly trajectory of :class:`~dlscale.data.synth_atmosphere.SyntheticAtmosphere`
+(training years first, then validation, then test), so validation and test states were never seen in training.
+Files are written in time chunks, so data sets far larger than memory (the benchmark's full-size set) are fine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from dlscale.data.era5 import ERA5_CHANNELS
+from dlscale.data.synth_atmosphere import Grid, SyntheticAtmosphere
+from dlscale.errors import DataError
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+CHUNK_STEPS = 32  # time steps computed and written at once (bounds memory at any grid size)
+
+
+@dataclass(frozen=True)
+class SynthERA5Spec:
+    """What to generate. ``dlscale data synth-era5 --help`` lists the matching options."""
+
+    height: int = 32
+    width: int = 64
+    train_years: int = 2
+    valid_years: int = 1
+    test_years: int = 1
+    steps_per_year: int = 512  # 6-hourly steps per file (a real year has 1460)
+    first_year: int = 1979
+    seed: int = 0
+    noise: float = 0.0  # i.i.d. noise, as a fraction of each channel's spread
+
+    def __post_init__(self) -> None:
+        for name in ("height", "width", "steps_per_year", "train_years", "valid_years"):
+            if getattr(self, name) < (2 if name in ("height", "width", "steps_per_year") else 1):
+                raise DataError(f"synth-era5: {name.replace('_', '-')} is too small ({getattr(self, name)})")
+        if self.test_years < 0 or self.noise < 0:
+            raise DataError("synth-era5: test-years and noise must be >= 0")
+
+    def years(self) -> dict[str, list[int]]:
+        """The year numbers (file names) of each split, consecutive in time."""
+        counts = {"train": self.train_years, "valid": self.valid_years, "test": self.test_years}
+        result, year = {}, self.first_year
+        for split, count in counts.items():
+            result[split] = list(range(year, year + count))
+            year += count
+        return result
+
+    def size_bytes(self) -> int:
+        years = self.train_years + self.valid_years + self.test_years
+        return years * self.steps_per_year * len(ERA5_CHANNELS) * self.height * self.width * 4
+
+
+# Named sizes: `demo` trains on a laptop CPU in about a minute; `tiny` is for tests; `full` has the real
+# tutorial grid (361 x 720, cropped to 360 x 720 by the configs) and a year of 6-hourly steps per file.
+PRESETS: dict[str, SynthERA5Spec] = {
+    "tiny": SynthERA5Spec(height=16, width=32, steps_per_year=24, test_years=1),
+    "demo": SynthERA5Spec(),
+    "full": SynthERA5Spec(
+        height=361, width=720, steps_per_year=1460, train_years=4, valid_years=1, test_years=1
+    ),
+}
+
+
+def spec_from_preset(preset: str, **changes: int | float | None) -> SynthERA5Spec:
+    """A preset with some fields changed (``None`` values are ignored)."""
+    if preset not in PRESETS:
+        raise DataError(f"synth-era5: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    return replace(PRESETS[preset], **{k: v for k, v in changes.items() if v is not None})
+
+
+def existing_spec(out: Path) -> SynthERA5Spec | None:
+    """The spec a complete data set in ``out`` was generated with, or None if there is none."""
+    manifest = out / MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        return SynthERA5Spec(**json.loads(manifest.read_text())["spec"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def write_synthetic_era5(
+    out: str | Path, spec: SynthERA5Spec, progress: Callable[[str], None] | None = None
+) -> Path:
+    """Generate the data set into ``out`` (replacing a previous one) and return ``out``.
+
+    Everything is written into ``<out>.partial`` first and moved into place at the end, so an interrupted run
+    never leaves something that looks like a complete data set.
+    """
+    out = Path(out)
+    if out.exists() and existing_spec(out) is None and (not out.is_dir() or any(out.iterdir())):
+        raise DataError(
+            f"synth-era5: {out} exists and is not a dlscale synthetic data set (no {MANIFEST}); "
+            "refusing to replace it: choose another --out"
+        )
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    atmosphere = SyntheticAtmosphere(Grid(spec.height, spec.width), seed=spec.seed, noise=spec.noise)
+    report = progress or (lambda message: log.info(message))
+    started = time.perf_counter()
+    channel_sum = np.zeros(len(ERA5_CHANNELS))
+    channel_sumsq = np.zeros(len(ERA5_CHANNELS))
+    time_sum = np.zeros((len(ERA5_CHANNELS), spec.height, spec.width))
+    step_offset = 0
+    for split, years in spec.years().items():
+        (partial / split).mkdir(parents=True)
+        for year in years:
+            path = partial / split / f"{year}.h5"
+            with h5py.File(path, "w") as handle:
+                fields = handle.create_dataset(
+                    "fields",
+                    shape=(spec.steps_per_year, len(ERA5_CHANNELS), spec.height, spec.width),
+                    dtype="f4",
+                )
+                fields.attrs["channels"] = list(ERA5_CHANNELS)
+                fields.attrs["hours_per_step"] = 6
+                for start in range(0, spec.steps_per_year, CHUNK_STEPS):
+                    stop = min(start + CHUNK_STEPS, spec.steps_per_year)
+                    block = atmosphere.channels(np.arange(step_offset + start, step_offset + stop))
+                    fields[start:stop] = block
+                    if split == "train":
+                        as64 = block.astype(np.float64)
+                        channel_sum += as64.sum(axis=(0, 2, 3))
+                        channel_sumsq += (as64**2).sum(axis=(0, 2, 3))
+                        time_sum += as64.sum(axis=0)
+            step_offset += spec.steps_per_year
+            report(
+                f"synth-era5: wrote {split}/{year}.h5 ({spec.steps_per_year} steps, {time.perf_counter() - started:.1f} s)"
+            )
+
+    train_steps = spec.train_years * spec.steps_per_year
+    count = train_steps * spec.height * spec.width
+    means = channel_sum / count
+    stds = np.sqrt(np.maximum(channel_sumsq / count - means**2, 0.0))
+    stats = partial / "stats"
+    stats.mkdir()
+    np.save(stats / "global_means.npy", means.reshape(1, -1, 1, 1).astype(np.float32))
+    np.save(stats / "global_stds.npy", stds.reshape(1, -1, 1, 1).astype(np.float32))
+    np.save(stats / "time_means.npy", (time_sum / train_steps)[None].astype(np.float32))
+    manifest = {"generator": "dlscale synth-era5", "channels": list(ERA5_CHANNELS), "spec": asdict(spec)}
+    (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+    if out.exists():  # a previous synthetic set (checked above), or an empty directory
+        shutil.rmtree(out)
+    partial.rename(out)
+    return out

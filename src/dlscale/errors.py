@@ -1,0 +1,50 @@
+"""Errors a user can fix. The CLI prints them as one clear message, without a traceback.
+
+Every message names the file, key or value at fault and says what was expected instead.
+"""
+
+from __future__ import annotations
+
+
+class DlscaleError(Exception):
+    """Base class: bad input that the user can correct (config, data, checkpoint, launch)."""
+
+
+class ConfigError(DlscaleError):
+    """A config file, section, key or value is wrong."""
+
+
+class InvalidValue(ConfigError):
+    """Raised by a component's config dataclass when one of its own fields is wrong.
+
+    The component only knows the field name; the config loader catches this and re-raises a
+    ConfigError that also names the YAML file and section, so the component stays free of file handling.
+    """
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+class NotAvailableYet(InvalidValue):
+    """A recognised key or flag, for a feature that a later dlscale release implements, was switched on.
+
+    dlscale accepts and validates such keys (so the tutorials' configs parse) but refuses to run with them
+    rather than silently ignoring them.
+    """
+
+    def __init__(self, key: str, value: object, feature: str, default: object):
+        super().__init__(
+            key,
+            f"{value!r} is not available yet in this version of dlscale ({feature} is planned); "
+            f"set {key} to {default!r} for now",
+        )
+
+
+class DataError(DlscaleError):
+    """A data set on disk is missing, malformed, truncated or does not match the config."""
+
+
+class CheckpointError(DlscaleError):
+    """A checkpoint cannot be read, or does not fit the model or run it is loaded into."""

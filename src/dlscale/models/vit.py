@@ -1,0 +1,311 @@
+"""The ViT weather model: ERA5 fields in, the fields one step later out, at full resolution.
+
+Architecture and parameter names follow the NERSC dl-at-scale tutorial's ViT, so its state dicts load
+and its parameter counts hold (23,832,960 for `base`). The module is plain single-device torch:
+tensor and context parallelism are applied from outside by swapping or wrapping the `nn.Linear`
+layers (`q`, `k`, `v`, `proj`, `fc1`, `fc2`) and by splitting the token sequence between
+`VisionTransformer.tokens` and the final `norm`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlscale.errors import InvalidValue
+
+# The reference initialises every Linear weight and the positional embedding with this std.
+INIT_STD = 0.02
+
+
+@dataclass
+class ViTConfig:
+    """The `model:` section of a run config: the shape of the ViT, independent of the data."""
+
+    # width of every token (the transformer's hidden size D)
+    embed_dim: int = 384
+    # number of transformer blocks
+    depth: int = 12
+    # attention heads per block; embed_dim must be a multiple of it
+    num_heads: int = 8
+    # side of the square patch that becomes one token; must divide both image sides
+    patch_size: int = 8
+    # MLP hidden width as a multiple of embed_dim
+    mlp_ratio: float = 4.0
+    # token dropout, attention dropout and the largest drop-path rate at once, as in the reference
+    dropout: float = 0.0
+    # whether q, k and v carry a bias (proj always does)
+    qkv_bias: bool = True
+    # epsilon of every LayerNorm
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name in ("embed_dim", "depth", "num_heads", "patch_size"):
+            value = getattr(self, name)
+            if value < 1:
+                raise InvalidValue(name, f"must be at least 1, got {value}")
+        if self.embed_dim % self.num_heads != 0:
+            raise InvalidValue(
+                "embed_dim",
+                f"{self.embed_dim} is not a multiple of num_heads={self.num_heads} "
+                f"(it would need a head dim of {self.embed_dim / self.num_heads:g}); "
+                f"use a multiple of {self.num_heads}, e.g. {self.num_heads * max(1, self.embed_dim // self.num_heads)}",
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise InvalidValue("dropout", f"must be in [0, 1), got {self.dropout}")
+        if not (self.mlp_ratio > 0 and math.isfinite(self.mlp_ratio)):
+            raise InvalidValue("mlp_ratio", f"must be a finite number > 0, got {self.mlp_ratio}")
+        hidden = self.mlp_ratio * self.embed_dim
+        # A fractional width would be truncated silently; refuse it so the model is what the config says.
+        if hidden < 1 or hidden != int(hidden):
+            raise InvalidValue(
+                "mlp_ratio",
+                f"mlp_ratio * embed_dim = {self.mlp_ratio} * {self.embed_dim} = {hidden:g} "
+                "must be a whole number of at least 1 (the MLP hidden width)",
+            )
+        if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
+            raise InvalidValue("norm_eps", f"must be a finite number > 0, got {self.norm_eps}")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.embed_dim // self.num_heads
+
+    @property
+    def mlp_hidden_dim(self) -> int:
+        """Width of the MLP's hidden layer."""
+        return int(self.mlp_ratio * self.embed_dim)
+
+
+def token_grid(img_size: tuple[int, int], patch_size: int) -> tuple[int, int]:
+    """Return the (rows, columns) of patches for an image of `img_size` (H, W).
+
+    Raises `InvalidValue` when the image is empty or a side is not a multiple of the patch size.
+    """
+    if len(img_size) != 2:
+        raise InvalidValue("img_size", f"must be two sides (H, W), got {tuple(img_size)}")
+    height, width = (int(side) for side in img_size)
+    if height < 1 or width < 1:
+        raise InvalidValue("img_size", f"sides must be at least 1, got {height}x{width}")
+    if height % patch_size or width % patch_size:
+        raise InvalidValue(
+            "patch_size",
+            f"{patch_size} does not divide img_size {height}x{width} "
+            f"(remainders {height % patch_size} and {width % patch_size}); "
+            "pick a patch size that divides both sides or crop the image",
+        )
+    return height // patch_size, width // patch_size
+
+
+def drop_path_rates(max_rate: float, depth: int) -> list[float]:
+    """Stochastic-depth schedule: the rate grows linearly from 0 (first block) to `max_rate` (last)."""
+    if depth == 1:
+        return [0.0]
+    return [max_rate * i / (depth - 1) for i in range(depth)]
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: in training, zero a residual branch for a random subset of samples.
+
+    Surviving samples are scaled by 1 / (1 - rate) so the expected output is unchanged; in eval this is
+    the identity.
+    """
+
+    def __init__(self, rate: float):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rate == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.rate
+        # One draw per sample, broadcast over every other dimension.
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"rate={self.rate:g}"
+
+
+class PatchEmbed(nn.Module):
+    """Cut the image into p x p patches and project each to a D-wide token, in row-major order."""
+
+    def __init__(self, in_channels: int, embed_dim: int, patch_size: int):
+        super().__init__()
+        self.proj = nn.Conv2d(in_channels, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, D, h, w) -> (B, h*w, D), token index = row * w + column.
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with separate q, k, v and output projections.
+
+    `q`, `k`, `v` and `proj` stay separate `nn.Linear` layers so tensor parallelism can shard them
+    column- and row-wise; `attend` holds all the sequence mixing so context parallelism can gather k and
+    v around it.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attn_drop: float, proj_drop: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.k = nn.Linear(dim, dim, bias=qkv_bias)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        # Holds the attention dropout rate; it is passed to SDPA rather than applied as a module.
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, heads * head_dim) -> (B, heads, N, head_dim); heads are inferred from the width."""
+        batch, seq, width = x.shape
+        return x.view(batch, seq, width // self.head_dim, self.head_dim).transpose(1, 2)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Non-causal scaled dot-product attention on (B, heads, N, head_dim) tensors.
+
+        k and v may hold more tokens than q (a context-parallel rank attends its queries to all keys).
+        """
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q, k, v = (self.split_heads(layer(x)) for layer in (self.q, self.k, self.v))
+        out = self.attend(q, k, v).transpose(1, 2).reshape(batch, seq, -1)
+        return self.proj_drop(self.proj(out))
+
+
+class Mlp(nn.Module):
+    """Two-layer feed-forward network: fc1, exact GELU, dropout, fc2, dropout."""
+
+    def __init__(self, dim: int, hidden_dim: int, dropout: float):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop2 = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + drop_path(attn(norm1(x))), then x + drop_path(mlp(norm2(x)))."""
+
+    def __init__(self, cfg: ViTConfig, drop_path_rate: float):
+        super().__init__()
+        dim = cfg.embed_dim
+        self.norm1 = nn.LayerNorm(dim, eps=cfg.norm_eps)
+        self.attn = Attention(dim, cfg.num_heads, cfg.qkv_bias, attn_drop=cfg.dropout, proj_drop=cfg.dropout)
+        self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=cfg.norm_eps)
+        self.mlp = Mlp(dim, cfg.mlp_hidden_dim, cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class VisionTransformer(nn.Module):
+    """ViT mapping (B, in_channels, H, W) fields to (B, out_channels, H, W) fields.
+
+    Forward is `unpatchify(head(norm(blocks(tokens(x)))))`; each stage is reachable on its own so a
+    context-parallel wrapper can split the sequence after `tokens` and gather it before `head`.
+    """
+
+    def __init__(self, cfg: ViTConfig, img_size: tuple[int, int], in_channels: int, out_channels: int):
+        super().__init__()
+        for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if value < 1:
+                raise InvalidValue(name, f"must be at least 1, got {value}")
+        self.grid_size = token_grid(img_size, cfg.patch_size)
+        self.img_size = (int(img_size[0]), int(img_size[1]))
+        self.patch_size = cfg.patch_size
+        self.num_tokens = self.grid_size[0] * self.grid_size[1]
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.embed_dim = cfg.embed_dim
+
+        self.patch_embed = PatchEmbed(in_channels, cfg.embed_dim, cfg.patch_size)
+        self.pos_embed = nn.Parameter(torch.empty(1, self.num_tokens, cfg.embed_dim))
+        self.pos_drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.Sequential(
+            *(Block(cfg, rate) for rate in drop_path_rates(cfg.dropout, cfg.depth)),
+        )
+        self.norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.embed_dim, out_channels * cfg.patch_size**2, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Reference init: trunc-normal(0.02) Linear weights and pos_embed, zero biases, unit LayerNorms.
+
+        The patch-embedding convolution keeps PyTorch's default init, as in the reference.
+        """
+        nn.init.trunc_normal_(self.pos_embed, std=INIT_STD)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=INIT_STD)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, in_channels, H, W) -> (B, N, D): patch embedding plus positional embedding, then dropout."""
+        expected = (self.in_channels, *self.img_size)
+        if x.ndim != 4 or tuple(x.shape[1:]) != expected:
+            raise ValueError(
+                f"expected input of shape (B, {expected[0]}, {expected[1]}, {expected[2]}), got {tuple(x.shape)}"
+            )
+        return self.pos_drop(self.patch_embed(x) + self.pos_embed)
+
+    def unpatchify(self, x_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, N, out_channels * p * p) head output -> (B, out_channels, H, W) image.
+
+        Feature index (r * p + c) * out_channels + ch of token (i, j) lands at pixel (i * p + r, j * p + c)
+        of channel ch: patch row, patch column, channel, with channel fastest (the reference's order).
+        """
+        rows, cols = self.grid_size
+        p, channels = self.patch_size, self.out_channels
+        batch = x_tokens.shape[0]
+        patches = x_tokens.reshape(batch, rows, cols, p, p, channels)
+        # (B, i, j, r, c, ch) -> (B, ch, i, r, j, c): pixel row i * p + r, pixel column j * p + c.
+        return patches.permute(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * p, cols * p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.tokens(x))
+        return self.unpatchify(self.head(self.norm(x)))
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of scalar parameters in `module` (shared tensors counted once; works on the meta device)."""
+    return sum(param.numel() for param in module.parameters())
+
+
+def vit_flops_per_sample(
+    cfg: ViTConfig, img_size: tuple[int, int], in_channels: int, out_channels: int
+) -> int:
+    """Analytic forward FLOPs of one sample: matmuls (2*m*n*k) and attention, nothing else.
+
+    Counts the patch embedding as a matmul, q/k/v/proj, fc1/fc2, the head, and per block
+    QK^T plus AV (2 * 2 * N^2 * D). Norms, activations, softmax and additions are left out, as they are
+    small and run off the matrix units. A training step is about three times this.
+    """
+    rows, cols = token_grid(img_size, cfg.patch_size)
+    n, d, p = rows * cols, cfg.embed_dim, cfg.patch_size
+    patch_embed = 2 * n * (in_channels * p * p) * d
+    projections = 4 * (2 * n * d * d)
+    mlp = 2 * (2 * n * d * cfg.mlp_hidden_dim)
+    attention = 2 * (2 * n * n * d)
+    head = 2 * n * d * (out_channels * p * p)
+    return patch_embed + cfg.depth * (projections + mlp + attention) + head

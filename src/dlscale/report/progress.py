@@ -1,0 +1,104 @@
+"""Progress of long work: a bar on a terminal, periodic plain lines in batch logs (no bar spam in files)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import TextIO
+
+from tqdm import tqdm
+
+from dlscale.train.observer import EpochReport, Observer
+
+log = logging.getLogger("dlscale.train")
+
+
+def format_duration(seconds: float) -> str:
+    """1h02m03s / 4m05s / 6s."""
+    seconds = int(round(max(seconds, 0.0)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def choose_progress_mode(mode: str, stream: TextIO = sys.stderr) -> str:
+    """Resolve ``auto``: a bar when the stream is a terminal, plain lines otherwise."""
+    if mode != "auto":
+        return mode
+    return "bar" if stream.isatty() else "lines"
+
+
+class ProgressReporter(Observer):
+    """Shows step progress within the run: a tqdm bar (``bar``) or a plain line every ``interval`` s (``lines``)."""
+
+    def __init__(self, mode: str, interval_s: float = 30.0, stream: TextIO = sys.stderr):
+        self.mode = choose_progress_mode(mode, stream)
+        self.interval_s = interval_s
+        self.stream = stream
+        self.bar: tqdm | None = None
+        self._last_line = 0.0
+        self._started = 0.0
+        self._start_step = 0
+
+    def on_train_start(self, trainer) -> None:
+        self._started = time.perf_counter()
+        self._last_line = self._started
+        self._start_step = trainer.progress.global_step
+
+    def on_epoch_start(self, trainer) -> None:
+        if self.mode != "bar":
+            return
+        p, plan = trainer.progress, trainer.setup.plan
+        self.bar = tqdm(
+            total=plan.steps_in_epoch(p.epoch),
+            initial=p.step_in_epoch,
+            desc=f"epoch {p.epoch + 1}/{plan.num_epochs}",
+            unit="step",
+            file=self.stream,
+            leave=False,
+            dynamic_ncols=True,
+        )
+
+    def on_step_end(self, trainer, loss) -> None:
+        if self.mode == "bar" and self.bar is not None:
+            self.bar.update(1)
+            if self.bar.n % 10 == 0 or self.bar.n == self.bar.total:
+                self.bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+        elif self.mode == "lines":
+            now = time.perf_counter()
+            if now - self._last_line >= self.interval_s:
+                self._last_line = now
+                log.info("%s", self.status_line(trainer, loss.item(), now))
+
+    def status_line(self, trainer, loss: float, now: float) -> str:
+        """e.g. ``epoch 2/10, step 120/256 (47%), loss 0.4123, 12.3 samples/s overall, run 31% done, ETA 4m10s``.
+
+        The rate and the ETA use wall time since this process started training, validation included.
+        """
+        p, plan = trainer.progress, trainer.setup.plan
+        done = p.global_step - self._start_step
+        elapsed = now - self._started
+        rate = done / elapsed if elapsed > 0 else 0.0
+        remaining = (plan.total_steps - p.global_step) / rate if rate > 0 else float("nan")
+        in_epoch = plan.steps_in_epoch(p.epoch)
+        eta = format_duration(remaining) if remaining == remaining else "?"
+        return (
+            f"epoch {p.epoch + 1}/{plan.num_epochs}, step {p.step_in_epoch}/{in_epoch} "
+            f"({100 * p.step_in_epoch / max(in_epoch, 1):.0f}%), loss {loss:.4f}, "
+            f"{rate * trainer.setup.global_batch_size:.1f} samples/s overall, "
+            f"run {100 * p.global_step / plan.total_steps:.0f}% done, ETA {eta}"
+        )
+
+    def on_epoch_end(self, trainer, report: EpochReport) -> None:
+        self._close_bar()
+
+    def on_train_end(self, trainer, outcome: str) -> None:
+        self._close_bar()
+
+    def _close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

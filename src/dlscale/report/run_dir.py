@@ -1,0 +1,76 @@
+"""The ``log:`` config section, the run directory and the log format.
+
+A run writes everything under ``<expdir>/<config name>/<run_num>/``: ``out.log`` (the console log),
+``config.yaml`` (the resolved config), ``checkpoints/``, ``tensorboard/``, ``figures/`` and ``summary.json``.
+The directory does not depend on the number of ranks, so a requeued job finds its checkpoint whatever its size.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from tqdm import tqdm
+
+from dlscale.errors import InvalidValue
+
+LOG_FORMAT = "%(asctime)s - %(name)s - %(levelname)s - %(message)s"
+LOGGER_NAME = "dlscale"
+
+
+@dataclass
+class LogConfig:
+    """Where a run writes, and how it reports progress."""
+
+    expdir: str = "runs"  # root of the run directories: <expdir>/<config>/<run_num>/
+    run_num: str = "00"  # run tag, to keep several runs of one config apart
+    progress: Literal["auto", "bar", "lines", "none"] = (
+        "auto"  # auto: a bar on a terminal, plain lines in logs
+    )
+    progress_interval_s: float = 30.0  # seconds between plain progress lines
+    tensorboard: bool = True  # write TensorBoard scalars and images
+    image_channel: str | None = None  # channel of the prediction-vs-target image; null: the workload's choice
+
+    def __post_init__(self) -> None:
+        if not self.run_num or "/" in self.run_num:
+            raise InvalidValue("run_num", f"must be a non-empty name without '/', got {self.run_num!r}")
+        if self.progress_interval_s <= 0:
+            raise InvalidValue("progress_interval_s", f"must be > 0, got {self.progress_interval_s}")
+
+
+def run_directory(cfg: LogConfig, config_name: str) -> Path:
+    """``<expdir>/<config name>/<run_num>``."""
+    return Path(cfg.expdir).expanduser() / config_name / cfg.run_num
+
+
+class _TqdmAwareHandler(logging.StreamHandler):
+    """Writes log lines through tqdm so that an active progress bar is redrawn below them, not torn."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # logging must never kill a run
+            self.handleError(record)
+
+
+def setup_logging(log_file: Path | None, enabled: bool = True) -> logging.Logger:
+    """Log to stdout (and ``log_file``) in the tutorials' format; ``enabled=False`` silences this process."""
+    logger = logging.getLogger(LOGGER_NAME)
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    logger.setLevel(logging.INFO if enabled else logging.WARNING)
+    logger.propagate = False
+    formatter = logging.Formatter(LOG_FORMAT)
+    console = _TqdmAwareHandler(sys.stdout)
+    console.setFormatter(formatter)
+    logger.addHandler(console)
+    if log_file is not None and enabled:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        file_handler = logging.FileHandler(log_file)
+        file_handler.setFormatter(formatter)
+        logger.addHandler(file_handler)
+    return logger

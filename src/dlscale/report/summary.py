@@ -1,0 +1,136 @@
+"""The end of a run: ``summary.json``, PNG figures, and where everything went."""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlscale import __version__
+from dlscale.report.figures import loss_curve_figure, prediction_figure, save_png
+from dlscale.train.observer import EpochReport, Observer
+
+log = logging.getLogger("dlscale.train")
+
+
+def mean_throughput(history: list[dict[str, Any]]) -> float | None:
+    """Mean samples/s over the epochs, leaving out the first when there are several (it includes warm-up)."""
+    rates = [row["samples_per_second"] for row in history if row["samples_per_second"] > 0]
+    if len(rates) > 1:
+        rates = rates[1:]
+    return statistics.fmean(rates) if rates else None
+
+
+class RunSummary(Observer):
+    """Writes figures and ``summary.json`` when training ends, and says where logs, checkpoints and plots are."""
+
+    def __init__(self, run_dir: Path, tensorboard_dir: Path | None, checkpoint_dir: Path | None):
+        self.run_dir = run_dir
+        self.tensorboard_dir = tensorboard_dir
+        self.checkpoint_dir = checkpoint_dir
+        self.last: EpochReport | None = None
+
+    def on_epoch_end(self, trainer, report: EpochReport) -> None:
+        self.last = report
+
+    def on_train_end(self, trainer, outcome: str) -> None:
+        setup, p = trainer.setup, trainer.progress
+        figures = self._write_figures(trainer)
+        summary = self.summary(trainer, outcome, figures)
+        path = self.run_dir / "summary.json"
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+        final = summary["final"]
+        if outcome == "stopped":
+            log.info(
+                "Stopped by %s at epoch %d, step %d of the epoch (global step %d of %d). "
+                "Run the same command again to resume.",
+                trainer.stop.reason,
+                p.epoch + 1,
+                p.step_in_epoch,
+                p.global_step,
+                setup.plan.total_steps,
+            )
+        if final:
+            headline = final["headline"]
+            log.info(
+                "Final validation: loss %.4f, %s %.4f; persistence: loss %.4f, %s %.4f",
+                final["val_loss"],
+                headline,
+                final["headline_value"],
+                final["baseline_loss"],
+                headline,
+                final["baseline_headline"],
+            )
+        if summary["throughput_samples_per_second"]:
+            log.info("Training throughput: %.1f samples/s", summary["throughput_samples_per_second"])
+        log.info("Outputs of this run:")
+        log.info("  log:         %s", self.run_dir / "out.log")
+        log.info("  config:      %s", self.run_dir / "config.yaml")
+        if self.checkpoint_dir is not None:
+            log.info("  checkpoints: %s", self.checkpoint_dir)
+        if self.tensorboard_dir is not None:
+            log.info(
+                "  tensorboard: %s  (view: tensorboard --logdir %s)",
+                self.tensorboard_dir,
+                self.tensorboard_dir,
+            )
+        for figure in figures:
+            log.info("  figure:      %s", figure)
+        log.info("  summary:     %s", path)
+
+    def _write_figures(self, trainer) -> list[Path]:
+        history = trainer.progress.history
+        paths = []
+        if history:
+            title = f"{trainer.setup.config.name}: {len(history)} epochs"
+            paths.append(
+                save_png(loss_curve_figure(history, title), self.run_dir / "figures" / "loss_curves.png")
+            )
+        if self.last is not None and self.last.validation.example is not None:
+            figure = prediction_figure(
+                self.last.validation.example, f"epoch {self.last.epoch}, first validation sample"
+            )
+            paths.append(save_png(figure, self.run_dir / "figures" / "prediction_vs_target.png"))
+        return paths
+
+    def summary(self, trainer, outcome: str, figures: list[Path]) -> dict[str, Any]:
+        setup, p = trainer.setup, trainer.progress
+        last = p.history[-1] if p.history else None
+        final = {}
+        if last:
+            final = {
+                "epoch": last["epoch"],
+                "val_loss": last["val_loss"],
+                "headline": last["headline"],
+                "headline_value": last["headline_value"],
+                "baseline": "persistence",
+                "baseline_loss": last["baseline_loss"],
+                "baseline_headline": last["baseline_headline"],
+            }
+            if self.last is not None:
+                final["metrics"] = self.last.validation.scalars
+                final["baseline_metrics"] = self.last.validation.baseline_scalars
+        return {
+            "config": setup.config.name,
+            "config_file": setup.config.source,
+            "workload": setup.config.workload,
+            "outcome": outcome,
+            "dlscale_version": __version__,
+            "torch_version": str(torch.__version__),
+            "device": setup.device.name,
+            "world_size": setup.process.world_size,
+            "global_batch_size": setup.global_batch_size,
+            "epochs_completed": p.epoch,
+            "global_step": p.global_step,
+            "total_steps": setup.plan.total_steps,
+            "train_seconds": sum(row["train_seconds"] for row in p.history),
+            "throughput_samples_per_second": mean_throughput(p.history),
+            "best": {"epoch": p.best_epoch, "val_loss": p.best_val_loss},
+            "final": final,
+            "history": p.history,
+            "figures": [str(f) for f in figures],
+        }

@@ -1,0 +1,407 @@
+"""Checkpoints: atomic saving, safe loading, strict model-state loading, and a run's checkpoint directory.
+
+A checkpoint is one `torch.save` file holding a plain dict (model, optimizer, scheduler, grad_scaler, rng,
+progress, config, meta) plus `format` and `version` keys. It is loaded with `weights_only=True` only, so it
+may hold nothing but tensors and plain Python containers/scalars; `save_checkpoint` checks that before
+writing, so a run finds out at its first save, not at the resume after a crash.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import pickle
+import re
+import secrets
+import shutil
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from dlscale.errors import CheckpointError, InvalidValue
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_VERSION",
+    "CheckpointDir",
+    "load_checkpoint",
+    "load_model_state",
+    "save_checkpoint",
+]
+
+CHECKPOINT_FORMAT = "dlscale-checkpoint"
+CHECKPOINT_VERSION = 1
+
+# Prefixes that wrappers add to every state_dict key: torch.compile (`_orig_mod.`) and DDP (`module.`).
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+_LIST_LIMIT = 8
+_ZIP_MAGIC = b"PK\x03\x04"
+
+# What torch's weights_only unpickler accepts besides tensors (see torch/_weights_only_unpickler.py). Exact
+# types, not isinstance: numpy.float64 is a float and an IntEnum an int, yet both pickle as their own class,
+# which the safe loader refuses.
+_PLAIN_SCALARS = (str, bytes, bytearray, int, float, complex, bool, type(None)) + (
+    torch.dtype,
+    torch.device,
+    torch.Size,
+)
+
+
+# --------------------------------------------------------------------------------------------- save / load
+
+
+def save_checkpoint(payload: Mapping[str, Any], path: str | Path) -> Path:
+    """Write `payload` (plus `format` and `version`) to `path` atomically; return the path.
+
+    The bytes go to a uniquely named temporary file in the same directory, which is fsynced and then renamed
+    onto `path`: readers (and a resume after a crash at any instant) see either the previous file or the
+    complete new one, never a partial write. On any error the temporary file is removed and the previous
+    file is left untouched.
+    """
+    path = Path(path)
+    if not isinstance(payload, Mapping):
+        raise CheckpointError(f"{path}: the checkpoint payload must be a dict, got {type(payload).__name__}")
+    _check_weights_only_safe(payload, path)
+    document = {**payload, "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot create the checkpoint directory: {exc}") from exc
+    _write_atomically(path, lambda tmp: _write_file(tmp, lambda f: torch.save(document, f)))
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a checkpoint written by `save_checkpoint`, with torch's safe (weights_only) loader.
+
+    Raises CheckpointError, naming the path, when the file is missing, corrupt or truncated, holds objects
+    other than tensors and plain containers, is not a dlscale checkpoint, or comes from a newer dlscale.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    if not path.is_file():
+        raise CheckpointError(f"{path}: is not a file (expected a checkpoint written by dlscale)")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(len(_ZIP_MAGIC))
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read the checkpoint: {exc}") from exc
+    if magic != _ZIP_MAGIC:
+        # torch.save has written zip archives since torch 1.6; anything else is damaged or not ours, and
+        # handing it to torch.load would only produce a confusing unpickling error.
+        raise CheckpointError(
+            f"{path}: is corrupt or not a PyTorch checkpoint (it does not start like a torch.save zip archive"
+            f"{', it is empty' if not magic else ''})"
+        )
+    try:
+        # Reads only the archive's central directory (at its end): cheap, and it tells a truncated file apart
+        # from a complete one that torch then fails to load for another reason.
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path}: is truncated or corrupt (its zip archive is incomplete: {_first_line(exc)})"
+        ) from exc
+    try:
+        document = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        refused = _refused_global(str(exc))
+        if refused is not None:
+            raise CheckpointError(
+                f"{path}: holds objects other than tensors and plain Python containers ({refused}); "
+                "dlscale loads checkpoints with torch.load(weights_only=True) and will not unpickle "
+                "arbitrary code"
+            ) from exc
+        raise CheckpointError(
+            f"{path}: is corrupt (its pickled data cannot be read: {_first_line(exc)})"
+        ) from exc
+    except Exception as exc:
+        # E.g. a damaged record inside an intact archive, or a map_location this machine cannot honour.
+        raise CheckpointError(f"{path}: cannot be loaded ({_first_line(exc)})") from exc
+
+    if not isinstance(document, dict):
+        raise CheckpointError(
+            f"{path}: is not a dlscale checkpoint (it holds a {type(document).__name__}, expected a dict with "
+            f"format '{CHECKPOINT_FORMAT}')"
+        )
+    fmt = document.get("format")
+    if fmt != CHECKPOINT_FORMAT:
+        found = "has no 'format' key" if fmt is None else f"has format {fmt!r}"
+        hint = ""
+        if document and all(isinstance(v, torch.Tensor) for v in document.values()):
+            hint = "; it looks like a bare model state_dict"
+        raise CheckpointError(
+            f"{path}: is not a dlscale checkpoint (it {found}, expected '{CHECKPOINT_FORMAT}'){hint}"
+        )
+    version = document.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"{path}: has an invalid checkpoint version {version!r} (expected an int >= 1)")
+    if version > CHECKPOINT_VERSION:
+        raise CheckpointError(
+            f"{path}: was written by a newer dlscale (checkpoint version {version}; this dlscale reads up to "
+            f"version {CHECKPOINT_VERSION}); upgrade dlscale to load it"
+        )
+    return document
+
+
+def _write_atomically(path: Path, fill: Callable[[Path], None]) -> None:
+    """Have `fill(tmp)` create a temporary file beside `path`, then rename it onto `path`."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        fill(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        # BaseException too: a KeyboardInterrupt or SystemExit (Slurm preemption handler) mid-write must not
+        # leave a multi-GB temporary file behind.
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, OSError):
+            raise CheckpointError(f"{path}: cannot write the checkpoint: {exc}") from exc
+        raise
+    _fsync_directory(path.parent)
+
+
+def _write_file(tmp: Path, write: Callable[[BinaryIO], Any]) -> None:
+    # "xb": a name collision must fail rather than share a file with another writer.
+    with open(tmp, "xb") as f:
+        write(f)
+        f.flush()
+        # Data on disk before the rename, or a power loss could leave a renamed but empty file.
+        os.fsync(f.fileno())
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable (a power loss right after os.replace could otherwise undo it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        # Some file systems (and all of Windows) refuse fsync on a directory; the file's data is already on
+        # disk, only the rename's durability is best effort there.
+        pass
+    finally:
+        os.close(fd)
+
+
+def _check_weights_only_safe(value: Any, path: Path, where: str = "payload") -> None:
+    """Refuse, naming the entry, anything that torch.load(weights_only=True) would refuse to read back."""
+    if isinstance(value, torch.Tensor) or type(value) in _PLAIN_SCALARS:
+        return
+    if type(value) in (dict, collections.OrderedDict, collections.Counter):
+        for key, item in value.items():
+            if type(key) not in _PLAIN_SCALARS:
+                raise CheckpointError(
+                    f"{path}: {where} has a key of type {type(key).__name__}; a checkpoint may only hold "
+                    "tensors and plain Python containers/scalars"
+                )
+            _check_weights_only_safe(item, path, f"{where}[{key!r}]")
+        return
+    if type(value) in (list, tuple, set):
+        for index, item in enumerate(value):
+            _check_weights_only_safe(item, path, f"{where}[{index}]")
+        return
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    raise CheckpointError(
+        f"{path}: not saving the checkpoint: {where} is a {kind}, which torch.load(weights_only=True) would "
+        "refuse to read back; convert it to a tensor or plain Python containers/scalars"
+    )
+
+
+def _refused_global(message: str) -> str | None:
+    """The object the safe loader refused, if the unpickling error is a refusal (not a corrupt stream)."""
+    match = re.search(r"GLOBAL (\S+) was not an allowed global", message)
+    if match:
+        return f"found {match.group(1)}"
+    match = re.search(r"whose module (\S+) is blocked", message)
+    if match:
+        return f"found a reference to the blocked module {match.group(1)}"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+# -------------------------------------------------------------------------------------------- model state
+
+
+def load_model_state(model: torch.nn.Module, state: Mapping[str, Any], source: str) -> None:
+    """Load `state` into `model` strictly, after checking that every key and shape fits.
+
+    Key prefixes added by torch.compile (`_orig_mod.`) and DDP (`module.`) are ignored on either side, so a
+    checkpoint of a wrapped model loads into a bare one and vice versa. A mismatch raises CheckpointError that
+    names `source` and lists the missing and unexpected keys and the shape mismatches.
+    """
+    if not isinstance(state, Mapping):
+        raise CheckpointError(
+            f"{source}: the model state is a {type(state).__name__}, expected a mapping of names to tensors"
+        )
+    model_state = model.state_dict()
+    model_keys = _canonical_names(list(model_state))
+    ckpt_keys = _canonical_names(list(state))
+
+    missing = [model_keys[c] for c in model_keys if c not in ckpt_keys]
+    unexpected = [ckpt_keys[c] for c in ckpt_keys if c not in model_keys]
+    mismatched = []
+    for canonical, model_key in model_keys.items():
+        if canonical not in ckpt_keys:
+            continue
+        theirs, ours = state[ckpt_keys[canonical]], model_state[model_key]
+        if isinstance(theirs, torch.Tensor) and isinstance(ours, torch.Tensor) and theirs.shape != ours.shape:
+            mismatched.append(f"{model_key}: checkpoint {tuple(theirs.shape)} vs model {tuple(ours.shape)}")
+    if missing or unexpected or mismatched:
+        lines = [f"{source}: the checkpoint's model state does not fit the model:"]
+        lines += _listing("missing from the checkpoint", missing)
+        lines += _listing("unexpected in the checkpoint", unexpected)
+        lines += _listing("shape mismatches", mismatched)
+        lines.append(
+            "The checkpoint was written for a different model configuration; compare the `model:` sections "
+            "of the two configs."
+        )
+        raise CheckpointError("\n".join(lines))
+
+    renamed = {model_keys[c]: state[ckpt_key] for c, ckpt_key in ckpt_keys.items()}
+    try:
+        model.load_state_dict(renamed, strict=True)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{source}: cannot load the model state: {exc}") from exc
+
+
+def _canonical_names(keys: list[str]) -> dict[str, str]:
+    """Map each key, without the wrapper prefixes that *all* keys share, to the original key."""
+    stripped = list(keys)
+    changed = True
+    while stripped and changed:
+        changed = False
+        for prefix in _WRAPPER_PREFIXES:
+            if all(k.startswith(prefix) for k in stripped):
+                stripped = [k[len(prefix) :] for k in stripped]
+                changed = True
+    return dict(zip(stripped, keys, strict=True))
+
+
+def _listing(title: str, items: list[str]) -> list[str]:
+    if not items:
+        return []
+    lines = [f"  {title} ({len(items)}):"]
+    lines += [f"    {item}" for item in items[:_LIST_LIMIT]]
+    if len(items) > _LIST_LIMIT:
+        lines.append(f"    ... and {len(items) - _LIST_LIMIT} more")
+    return lines
+
+
+# ------------------------------------------------------------------------------------- checkpoint directory
+
+
+class CheckpointDir:
+    """A run's checkpoint directory: `ckpt_latest.pt`, `ckpt_best.pt` and optional numbered copies.
+
+    `keep_last > 0` also keeps the `keep_last` most recent checkpoints as `ckpt_step<global_step:08d>.pt`
+    (the step is read from `payload["progress"]["global_step"]`); `keep_last = 0` keeps none.
+    """
+
+    LATEST_NAME = "ckpt_latest.pt"
+    BEST_NAME = "ckpt_best.pt"
+    _NUMBERED = re.compile(r"ckpt_step(\d{8,})\.pt")
+
+    def __init__(self, directory: str | Path, keep_last: int = 0):
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
+            raise InvalidValue("keep_last", f"expected an int >= 0, got {keep_last!r}")
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+
+    @property
+    def latest_path(self) -> Path:
+        """The checkpoint a run resumes from."""
+        return self.directory / self.LATEST_NAME
+
+    @property
+    def best_path(self) -> Path:
+        """The checkpoint with the best validation score so far."""
+        return self.directory / self.BEST_NAME
+
+    def numbered_path(self, global_step: int) -> Path:
+        """Where the numbered copy for `global_step` lives."""
+        return self.directory / f"ckpt_step{global_step:08d}.pt"
+
+    def numbered_paths(self) -> list[Path]:
+        """The numbered checkpoints present, oldest step first."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for entry in self.directory.iterdir():
+            match = self._NUMBERED.fullmatch(entry.name)
+            if match and entry.is_file():
+                found.append((int(match.group(1)), entry))
+        return [p for _, p in sorted(found)]
+
+    def has_checkpoint(self) -> bool:
+        """Whether there is a latest checkpoint to resume from."""
+        return self.latest_path.is_file()
+
+    def load_latest(self, map_location: Any = "cpu") -> dict[str, Any]:
+        """Load the latest checkpoint (see `load_checkpoint`)."""
+        return load_checkpoint(self.latest_path, map_location=map_location)
+
+    def save(self, payload: Mapping[str, Any], is_best: bool = False) -> Path:
+        """Write the latest checkpoint atomically, and the best and numbered copies when asked; return latest."""
+        step = None
+        if self.keep_last > 0:
+            step = _global_step(payload, self.latest_path)
+        save_checkpoint(payload, self.latest_path)
+        # The best and numbered copies are made from the file just written rather than by a second torch.save:
+        # they hold exactly the same bytes as latest, the (possibly GPU-resident) tensors are not serialized
+        # twice, and no in-memory copy of a multi-GB checkpoint is needed. Each copy is published atomically,
+        # so a crash between copies leaves every file either old-and-complete or new-and-complete.
+        if is_best:
+            _publish_copy(self.latest_path, self.best_path)
+        if step is not None:
+            newest = self.numbered_path(step)
+            _publish_copy(self.latest_path, newest)
+            self._prune(keep=newest)
+        return self.latest_path
+
+    def _prune(self, keep: Path) -> None:
+        # Only called once `keep` is safely in place, so at no point are there fewer than keep_last copies.
+        numbered = self.numbered_paths()
+        for old in numbered[: max(0, len(numbered) - self.keep_last)]:
+            if old != keep:
+                with contextlib.suppress(FileNotFoundError):
+                    old.unlink()
+
+
+def _global_step(payload: Mapping[str, Any], path: Path) -> int:
+    progress = payload.get("progress") if isinstance(payload, Mapping) else None
+    step = progress.get("global_step") if isinstance(progress, Mapping) else None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(
+            f"{path}: numbered checkpoints need payload['progress']['global_step'] (an int >= 0), got {step!r}"
+        )
+    return step
+
+
+def _publish_copy(source: Path, target: Path) -> None:
+    """Atomically make `target` a copy of `source` (a hard link where the file system allows it)."""
+
+    def fill(tmp: Path) -> None:
+        # Files here are never modified in place (always replaced by a rename), so a hard link is as good
+        # as a copy and costs nothing; file systems without hard links get a real copy.
+        try:
+            os.link(source, tmp)
+            return
+        except OSError:
+            pass
+        with open(source, "rb") as src:
+            _write_file(tmp, lambda f: shutil.copyfileobj(src, f, length=16 * 1024 * 1024))
+
+    _write_atomically(target, fill)

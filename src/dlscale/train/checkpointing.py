@@ -1,0 +1,45 @@
+"""When a run writes checkpoints: every N epochs (and N steps), at the end, and when it is asked to stop."""
+
+from __future__ import annotations
+
+import logging
+
+from dlscale.train.checkpoint import CheckpointDir
+from dlscale.train.observer import EpochReport, Observer
+from dlscale.train.resume import CheckpointConfig, training_payload
+
+log = logging.getLogger("dlscale.train")
+
+
+class CheckpointObserver(Observer):
+    """Writes the latest (and best) checkpoint at the configured points; never twice for one step."""
+
+    def __init__(self, cfg: CheckpointConfig, checkpoints: CheckpointDir):
+        self.cfg = cfg
+        self.checkpoints = checkpoints
+        self.saved_at_step: int | None = None
+
+    def save(self, trainer, is_best: bool = False, why: str = "") -> None:
+        path = self.checkpoints.save(training_payload(trainer), is_best=is_best and self.cfg.keep_best)
+        self.saved_at_step = trainer.progress.global_step
+        best = " (also the best so far)" if is_best and self.cfg.keep_best else ""
+        log.info("Saved checkpoint %s at step %d%s%s", path, trainer.progress.global_step, best, why)
+
+    def on_train_start(self, trainer) -> None:
+        self.saved_at_step = trainer.progress.global_step if trainer.progress.global_step else None
+
+    def on_step_end(self, trainer, loss) -> None:
+        every = self.cfg.save_every_steps
+        p = trainer.progress
+        at_epoch_end = p.step_in_epoch == trainer.setup.plan.steps_in_epoch(p.epoch)  # the epoch save follows
+        if every and p.global_step % every == 0 and not at_epoch_end:
+            self.save(trainer)
+
+    def on_epoch_end(self, trainer, report: EpochReport) -> None:
+        scheduled = report.is_last or report.epoch % self.cfg.save_every_epochs == 0
+        if scheduled or (report.is_best and self.cfg.keep_best):
+            self.save(trainer, is_best=report.is_best)
+
+    def on_train_end(self, trainer, outcome: str) -> None:
+        if outcome == "stopped" and self.saved_at_step != trainer.progress.global_step:
+            self.save(trainer, why=f" after {trainer.stop.reason}")

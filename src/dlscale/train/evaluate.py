@@ -1,0 +1,71 @@
+"""Validation: run the model over the validation loader and summarise the workload's metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from dlscale.runtime.device import Device
+
+
+@dataclass
+class ExampleImage:
+    """One validation sample's channel, for the prediction-vs-target image."""
+
+    channel: str
+    target: Any  # (H, W) numpy array
+    prediction: Any  # (H, W) numpy array
+    baseline: Any | None = None  # (H, W) numpy array of the baseline prediction, if the workload has one
+    baseline_name: str | None = None
+
+
+@dataclass
+class EvalSummary:
+    """The result of one validation pass."""
+
+    loss: float  # the workload's loss, averaged over samples
+    scalars: dict[str, float]  # metric name -> value (names are TensorBoard tag stems, e.g. "RMSE(u10m)")
+    headline: str  # the key of ``scalars`` that best says how good the model is
+    lines: list[str] = field(default_factory=list)  # extra console lines (metrics, baselines)
+    baseline_name: str | None = None  # e.g. "persistence"
+    baseline_scalars: dict[str, float] = field(default_factory=dict)  # the same metrics for the baseline
+    example: ExampleImage | None = None
+    seconds: float = 0.0
+    samples: int = 0
+
+
+class Evaluator(Protocol):
+    """What a workload provides to measure a model on validation batches."""
+
+    def reset(self) -> None: ...
+
+    def update(self, inputs: torch.Tensor, targets: torch.Tensor, predictions: torch.Tensor) -> None: ...
+
+    def summary(self) -> EvalSummary: ...
+
+
+def evaluate(
+    model: torch.nn.Module, loader: Any, evaluator: Evaluator, device: Device, predict: Any = None
+) -> EvalSummary:
+    """One pass over ``loader`` in eval mode without gradients; restores the model's training mode after.
+
+    ``predict`` (default: ``model``) maps inputs to predictions, so a precision or compile wrapper can be used.
+    """
+    predict = predict or model
+    was_training = model.training
+    model.eval()
+    evaluator.reset()
+    device.synchronize()
+    started = time.perf_counter()
+    with torch.inference_mode():
+        for inputs, targets in loader:
+            inputs, targets = device.move(inputs), device.move(targets)
+            evaluator.update(inputs, targets, predict(inputs))
+    device.synchronize()
+    summary = evaluator.summary()
+    summary.seconds = time.perf_counter() - started
+    model.train(was_training)
+    return summary

@@ -1,0 +1,59 @@
+"""Loss and metric math for gridded fields (relative L2 loss, latitude-weighted RMSE), and their running sums.
+
+Metrics are accumulated as *per-sample* sums and counts, never as means of batch means, so they do not depend
+on the batch size, on a short last batch, or on how samples are split over ranks (sums add up exactly).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def relative_l2_per_sample(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """||prediction - target|| / ||target|| over all of a sample's values; shape (B,)."""
+    difference = (prediction - target).flatten(1).float()
+    return difference.norm(dim=1) / target.flatten(1).float().norm(dim=1)
+
+
+def relative_l2_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The tutorials' training loss: the batch mean of the per-sample relative L2 error."""
+    return relative_l2_per_sample(prediction, target).mean()
+
+
+def latitude_weights(latitudes_deg: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """Area weights cos(latitude) for each grid row, scaled to average 1 (rows at the poles weigh 0)."""
+    weights = torch.cos(torch.deg2rad(torch.as_tensor(latitudes_deg, dtype=torch.float64)))
+    return (weights / weights.mean()).float()
+
+
+def weighted_rmse_per_sample(
+    prediction: torch.Tensor, target: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Latitude-weighted RMSE of each sample and channel over the grid; shape (B, C).
+
+    ``weights`` has one entry per row (H,) and averages 1, so a uniform error e gives RMSE e.
+    """
+    squared = (prediction.float() - target.float()) ** 2
+    return torch.sqrt((squared * weights.to(squared.device).view(1, 1, -1, 1)).mean(dim=(-2, -1)))
+
+
+class MetricSums:
+    """Running per-sample sums of named metrics (each a scalar or a vector per sample)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.count = 0
+
+    def add(self, batch_size: int, **per_sample: torch.Tensor) -> None:
+        """Add a batch: each value has the batch as its first dimension."""
+        for name, values in per_sample.items():
+            total = values.detach().double().sum(dim=0)
+            self.sums[name] = self.sums[name] + total if name in self.sums else total
+        self.count += batch_size
+
+    def mean(self, name: str) -> torch.Tensor:
+        """The mean over all samples added so far."""
+        if self.count == 0:
+            raise ValueError("no samples were evaluated")
+        return (self.sums[name] / self.count).cpu()

@@ -1,0 +1,52 @@
+"""Observers: everything optional about a run (logging, progress, TensorBoard, checkpoints, profiling).
+
+The trainer calls these hooks at fixed points and knows nothing else about what observers do, which keeps
+the loop short and lets a feature be added without touching it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from dlscale.train.evaluate import EvalSummary
+
+if TYPE_CHECKING:
+    from dlscale.train.trainer import Trainer
+
+
+@dataclass
+class EpochReport:
+    """What an epoch did, handed to ``on_epoch_end``."""
+
+    epoch: int  # 1-based, as the logs print it
+    steps: int  # optimizer steps trained in this process during the epoch (fewer after a mid-epoch resume)
+    train_seconds: float  # wall time of those steps (validation excluded, as in the tutorials)
+    samples_per_second: float  # global samples per second over those steps
+    iterations_per_second: float
+    train_loss: float  # average step loss over the whole epoch
+    learning_rate: float  # LR of the epoch's last step
+    validation: EvalSummary
+    is_best: bool  # lowest validation loss so far
+    is_last: bool  # the run's final epoch
+
+
+class Observer:
+    """Base class with no-op hooks; override the ones you need."""
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        """Before the first step (also when resuming)."""
+
+    def on_epoch_start(self, trainer: Trainer) -> None:
+        """Before an epoch's first step."""
+
+    def on_step_end(self, trainer: Trainer, loss: torch.Tensor) -> None:
+        """After each optimizer step; ``loss`` is a device tensor (calling ``.item()`` synchronizes)."""
+
+    def on_epoch_end(self, trainer: Trainer, report: EpochReport) -> None:
+        """After validation; ``trainer.progress`` already points at the next epoch."""
+
+    def on_train_end(self, trainer: Trainer, outcome: str) -> None:
+        """``outcome`` is "finished", or "stopped" after a signal (then the position is mid-run)."""

@@ -1,0 +1,68 @@
+"""The ``optim:`` config section: optimizer, learning rate, its schedule and batch-size scaling."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from dlscale.errors import InvalidValue
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate recipe."""
+
+    optimizer: Literal["Adam", "AdamW", "SGD"] = "Adam"
+    lr: float = 5e-4  # peak LR at base_batch_size (see lr_scaling)
+    betas: tuple[float, float] = (0.9, 0.95)  # Adam/AdamW moment decay rates
+    eps: float = 1e-8  # Adam/AdamW denominator guard
+    weight_decay: float = 0.0
+    momentum: float = 0.9  # SGD only
+    enable_fused: bool = False  # fused (single-kernel) optimizer step; Adam, AdamW and SGD
+    lr_schedule: Literal["cosine", "constant"] = "cosine"  # after the warm-up
+    warmup: int = 0  # linear warm-up steps
+    end_lr: float = 0.0  # LR reached at the last step by the cosine decay
+    lr_scaling: Literal["none", "sqrt", "linear"] = "none"  # rule that scales lr from base_batch_size
+    base_batch_size: int | None = None  # the global batch size that lr is meant for
+    max_grad_norm: float | None = None  # clip the gradient norm to this value; null = no clipping
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise InvalidValue("lr", f"must be > 0, got {self.lr}")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise InvalidValue("betas", f"each must be in [0, 1), got {list(self.betas)}")
+        for name in ("eps", "weight_decay", "momentum", "end_lr"):
+            if getattr(self, name) < 0:
+                raise InvalidValue(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise InvalidValue("warmup", f"must be >= 0 steps, got {self.warmup}")
+        if self.end_lr > self.lr:
+            raise InvalidValue("end_lr", f"{self.end_lr} is above the peak lr {self.lr}")
+        if self.lr_scaling != "none" and self.base_batch_size is None:
+            raise InvalidValue(
+                "base_batch_size", f"lr_scaling '{self.lr_scaling}' needs the batch size lr is for"
+            )
+        if self.base_batch_size is not None and self.base_batch_size < 1:
+            raise InvalidValue("base_batch_size", f"must be >= 1, got {self.base_batch_size}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise InvalidValue("max_grad_norm", f"must be > 0 or null, got {self.max_grad_norm}")
+
+
+def build_optimizer(
+    cfg: OptimConfig, parameters: Iterable[torch.nn.Parameter], lr: float
+) -> torch.optim.Optimizer:
+    """The optimizer of ``cfg`` at learning rate ``lr`` (the already batch-scaled peak LR)."""
+    params = list(parameters)
+    fused = {"fused": True} if cfg.enable_fused else {}
+    if cfg.optimizer == "Adam":
+        return torch.optim.Adam(
+            params, lr=lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **fused
+        )
+    if cfg.optimizer == "AdamW":
+        return torch.optim.AdamW(
+            params, lr=lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **fused
+        )
+    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **fused)

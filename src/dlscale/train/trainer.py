@@ -1,0 +1,152 @@
+"""The training loop (and the ``train:`` config section, which it owns).
+
+One epoch: train steps from the saved position (each step: move the batch to the device, run
+:class:`~dlscale.train.step.TrainStep`, count it, tell the observers, honour a stop request), then validate and
+tell the observers again. Logging, progress, TensorBoard and checkpoints are observers
+(:mod:`dlscale.train.observer`), so this file stays one screen of logic.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from dlscale.errors import InvalidValue, NotAvailableYet
+from dlscale.runtime.signals import StopRequest
+from dlscale.train.evaluate import evaluate
+from dlscale.train.observer import EpochReport, Observer
+
+if TYPE_CHECKING:
+    from dlscale.train.setup import TrainingSetup
+
+
+@dataclass
+class TrainConfig:
+    """Run length, batch size, seed, and how each training step is executed."""
+
+    global_batch_size: int = 16  # samples per optimizer step, summed over data-parallel ranks
+    local_batch_size: int | None = None  # per-rank batch; when set, global_batch_size = local x ranks
+    num_iters: int | None = 30000  # optimizer steps; the run trains num_iters // steps_per_epoch whole epochs
+    num_epochs: int | None = None  # when set, wins over num_iters
+    seed: int = 0  # model init, data order and dropout; the same seed and config give the same losses
+    amp_mode: Literal["none", "fp16", "bf16"] = "none"  # mixed precision
+    enable_jit: bool = False  # compile the model with torch.compile
+    cuda_graphs: bool = False  # capture the training step in a CUDA graph
+    deterministic: bool = False  # deterministic kernels on GPUs (slower); CPU runs are deterministic anyway
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch_size", "local_batch_size", "num_iters", "num_epochs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InvalidValue(name, f"must be >= 1, got {value}")
+        if self.num_iters is None and self.num_epochs is None:
+            raise InvalidValue("num_iters", "set num_iters or num_epochs (both are null)")
+        if self.amp_mode != "none":
+            raise NotAvailableYet("amp_mode", self.amp_mode, "mixed precision (AMP fp16/bf16)", "none")
+        if self.enable_jit:
+            raise NotAvailableYet("enable_jit", True, "torch.compile", False)
+        if self.cuda_graphs:
+            raise NotAvailableYet("cuda_graphs", True, "CUDA graph capture", False)
+
+
+class Trainer:
+    """The epoch loop. Everything optional (logs, progress, TensorBoard, checkpoints) is an observer."""
+
+    def __init__(self, setup: TrainingSetup, observers: list[Observer], stop: StopRequest | None = None):
+        self.setup = setup
+        self.progress = setup.progress
+        self.observers = observers
+        self.stop = stop or StopRequest()
+        self._pending_loss: torch.Tensor | None = None  # device-side sum of losses not yet in progress
+
+    def fit(self) -> str:
+        """Train until the plan is done ("finished") or a stop is requested ("stopped")."""
+        plan, p = self.setup.plan, self.progress
+        self._notify("on_train_start")
+        while p.epoch < plan.num_epochs and not self.stop.requested:
+            self._notify("on_epoch_start")
+            steps, seconds = self._train_epoch()
+            if self.stop.requested:
+                break
+            self._finish_epoch(steps, seconds)
+        outcome = "finished" if p.completed else "stopped"
+        self._notify("on_train_end", outcome)
+        return outcome
+
+    def _train_epoch(self) -> tuple[int, float]:
+        """Train the current epoch from ``progress.step_in_epoch``; return (steps trained, seconds)."""
+        s, p = self.setup, self.progress
+        last_step = s.plan.steps_in_epoch(p.epoch)
+        s.train_sampler.set_epoch(p.epoch, start_step=p.step_in_epoch)
+        s.model.train()
+        s.device.synchronize()
+        started, steps = time.perf_counter(), 0
+        if p.step_in_epoch < last_step:
+            for inputs, targets in s.train_loader:
+                loss = s.step(s.device.move(inputs), s.device.move(targets), p.global_step)
+                self._pending_loss = (
+                    loss.double() if self._pending_loss is None else self._pending_loss + loss
+                )
+                p.step_in_epoch += 1
+                p.global_step += 1
+                p.samples_seen += s.global_batch_size
+                steps += 1
+                self._notify("on_step_end", loss)
+                if p.step_in_epoch >= last_step or self.stop.requested:
+                    break
+        s.device.synchronize()
+        return steps, time.perf_counter() - started
+
+    def _finish_epoch(self, steps: int, seconds: float) -> None:
+        """Validate, update the position and the history, and tell the observers."""
+        s, p = self.setup, self.progress
+        self.flush_loss()
+        train_loss = p.epoch_loss_sum / max(p.step_in_epoch, 1)
+        validation = evaluate(s.model, s.valid_loader, s.evaluator, s.device)
+        is_best = p.best_val_loss is None or validation.loss < p.best_val_loss
+        if is_best:
+            p.best_val_loss, p.best_epoch = validation.loss, p.epoch + 1
+        report = EpochReport(
+            epoch=p.epoch + 1,
+            steps=steps,
+            train_seconds=seconds,
+            samples_per_second=steps * s.global_batch_size / seconds if steps and seconds > 0 else 0.0,
+            iterations_per_second=steps / seconds if steps and seconds > 0 else 0.0,
+            train_loss=train_loss,
+            learning_rate=s.schedule.lr_at(max(p.global_step - 1, 0)),
+            validation=validation,
+            is_best=is_best,
+            is_last=p.epoch + 1 == s.plan.num_epochs,
+        )
+        p.history.append(
+            {
+                "epoch": p.epoch + 1,
+                "global_step": p.global_step,
+                "train_loss": train_loss,
+                "val_loss": validation.loss,
+                "headline": validation.headline,
+                "headline_value": validation.scalars[validation.headline],
+                "baseline_loss": validation.baseline_scalars.get("loss"),
+                "baseline_headline": validation.baseline_scalars.get(validation.headline),
+                "train_seconds": seconds,
+                "samples_per_second": report.samples_per_second,
+            }
+        )
+        p.epoch += 1
+        p.step_in_epoch = 0
+        p.epoch_loss_sum = 0.0
+        p.completed = p.epoch >= s.plan.num_epochs
+        self._notify("on_epoch_end", report)
+
+    def flush_loss(self) -> None:
+        """Move the device-side loss sum into ``progress`` (one host sync; before checkpoints and epoch ends)."""
+        if self._pending_loss is not None:
+            self.progress.epoch_loss_sum += float(self._pending_loss)
+            self._pending_loss = None
+
+    def _notify(self, hook: str, *args: object) -> None:
+        for observer in self.observers:
+            getattr(observer, hook)(self, *args)

@@ -1,0 +1,37 @@
+"""Workloads: the one place where a data set, a model, a loss and metrics are paired.
+
+Each workload is a module in this package exposing ``WORKLOAD``, an object with:
+
+* ``data_config`` / ``model_config``: the dataclasses of its ``data:`` and ``model:`` config sections;
+* ``build_datasets(data_cfg)`` -> ``{"train": Dataset, "valid": Dataset}``;
+* ``build_model(model_cfg, data_cfg)`` -> ``torch.nn.Module`` (plain torch, no parallelism);
+* ``loss(prediction, target)`` -> scalar tensor;
+* ``evaluator(valid_dataset)`` -> an object with ``reset()``, ``update(inputs, targets, predictions)``,
+  ``summary()`` (see :mod:`dlscale.train.evaluate`).
+
+The trainer, checkpoints and reporting only talk to that interface, so adding a workload adds no branch to them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+DEFAULT_WORKLOAD = "era5_vit"
+
+# name -> module holding its WORKLOAD (imported on first use, so reading a config stays cheap)
+_REGISTRY = {
+    "era5_vit": "dlscale.workloads.era5_vit",
+}
+
+
+def workload_names() -> list[str]:
+    """The names a config's ``workload:`` key accepts."""
+    return list(_REGISTRY)
+
+
+def get_workload(name: str) -> Any:
+    """The ``WORKLOAD`` object of workload ``name``."""
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown workload {name!r}; known: {', '.join(_REGISTRY)}")
+    return importlib.import_module(_REGISTRY[name]).WORKLOAD

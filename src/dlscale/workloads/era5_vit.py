@@ -1,0 +1,137 @@
+"""ERA5 weather forecasting with a ViT: predict the atmosphere 6 hours ahead (the NERSC tutorial's workload).
+
+Loss: relative L2 per sample. Metrics: the loss and the latitude-weighted RMSE of every channel on normalized
+fields (the tutorial's ``RMSE(u10m)`` is channel u10), next to the same metrics for *persistence* (tomorrow
+equals today), the baseline a forecast must beat.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dlscale.config.suggest import did_you_mean
+from dlscale.data.era5 import ERA5DataConfig, ERA5Dataset
+from dlscale.errors import ConfigError
+from dlscale.models.vit import VisionTransformer, ViTConfig, count_parameters
+from dlscale.train.evaluate import EvalSummary, ExampleImage
+from dlscale.train.metrics import (
+    MetricSums,
+    latitude_weights,
+    relative_l2_loss,
+    relative_l2_per_sample,
+    weighted_rmse_per_sample,
+)
+
+HEADLINE_CHANNEL = "u10"
+DEFAULT_IMAGE_CHANNEL = "t2m"
+
+
+def channel_unit(name: str) -> str:
+    """The physical unit of an ERA5 channel, from its name (u10, t850, z500, ...)."""
+    for prefix, unit in (("tcwv", "kg/m2"), ("sp", "Pa"), ("msl", "Pa"), ("u", "m/s"), ("v", "m/s")):
+        if name.startswith(prefix):
+            return unit
+    return {"t": "K", "z": "m2/s2", "r": "%"}.get(name[:1], "")
+
+
+class ERA5Evaluator:
+    """Per-sample loss and latitude-weighted RMSE per channel, for the model and for persistence."""
+
+    def __init__(self, dataset: ERA5Dataset, image_channel: str | None = None):
+        self.n_out = dataset.cfg.n_out_channels
+        self.names = dataset.channel_names[: self.n_out]
+        self.stds = np.asarray(dataset.stds[: self.n_out], dtype=np.float64)
+        self.weights = latitude_weights(dataset.latitudes)
+        self.headline_index = self.names.index(HEADLINE_CHANNEL) if HEADLINE_CHANNEL in self.names else 0
+        image_channel = image_channel or (
+            DEFAULT_IMAGE_CHANNEL if DEFAULT_IMAGE_CHANNEL in self.names else self.names[0]
+        )
+        if image_channel not in self.names:
+            raise ConfigError(
+                f"log.image_channel: {image_channel!r} is not an output channel of the data"
+                f"{did_you_mean(image_channel, self.names)}; channels: {', '.join(self.names)}"
+            )
+        self.image_index = self.names.index(image_channel)
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums = MetricSums()
+        self.example: ExampleImage | None = None
+
+    def update(self, inputs: torch.Tensor, targets: torch.Tensor, predictions: torch.Tensor) -> None:
+        persistence = inputs[:, : self.n_out]
+        self.sums.add(
+            inputs.shape[0],
+            loss=relative_l2_per_sample(predictions, targets),
+            rmse=weighted_rmse_per_sample(predictions, targets, self.weights),
+            persistence_loss=relative_l2_per_sample(persistence, targets),
+            persistence_rmse=weighted_rmse_per_sample(persistence, targets, self.weights),
+        )
+        if self.example is None:
+            c = self.image_index
+            self.example = ExampleImage(
+                channel=self.names[c],
+                target=targets[0, c].float().cpu().numpy(),
+                prediction=predictions[0, c].float().cpu().numpy(),
+                baseline=persistence[0, c].float().cpu().numpy(),
+                baseline_name="persistence (input)",
+            )
+
+    def summary(self) -> EvalSummary:
+        rmse = self.sums.mean("rmse").numpy()
+        baseline_rmse = self.sums.mean("persistence_rmse").numpy()
+        headline = f"RMSE({self.names[self.headline_index]}m)"  # the tutorial's tag: RMSE(u10m)
+        scalars = {headline: float(rmse[self.headline_index])}
+        scalars.update({f"RMSE/{name}": float(value) for name, value in zip(self.names, rmse, strict=True)})
+        baseline = {headline: float(baseline_rmse[self.headline_index])}
+        baseline.update({f"RMSE/{n}": float(v) for n, v in zip(self.names, baseline_rmse, strict=True)})
+        baseline["loss"] = float(self.sums.mean("persistence_loss"))
+        i = self.headline_index
+        unit = channel_unit(self.names[i])
+        line = (
+            f"  Val {headline}={rmse[i]:.4f} ({rmse[i] * self.stds[i]:.3g} {unit}); "
+            f"persistence {baseline_rmse[i]:.4f} ({baseline_rmse[i] * self.stds[i]:.3g} {unit}), "
+            f"ratio {rmse[i] / baseline_rmse[i]:.2f}"
+        )
+        return EvalSummary(
+            loss=float(self.sums.mean("loss")),
+            scalars=scalars,
+            headline=headline,
+            lines=[line],
+            baseline_name="persistence",
+            baseline_scalars=baseline,
+            example=self.example,
+            samples=self.sums.count,
+        )
+
+
+class ERA5ViT:
+    """The ERA5 + ViT workload (see the module docstring)."""
+
+    name = "era5_vit"
+    data_config = ERA5DataConfig
+    model_config = ViTConfig
+
+    def build_datasets(self, data_cfg: ERA5DataConfig) -> dict[str, ERA5Dataset]:
+        return {"train": ERA5Dataset(data_cfg, "train"), "valid": ERA5Dataset(data_cfg, "valid")}
+
+    def build_model(self, model_cfg: ViTConfig, data_cfg: ERA5DataConfig) -> VisionTransformer:
+        return VisionTransformer(
+            model_cfg, data_cfg.img_size, data_cfg.n_in_channels, data_cfg.n_out_channels
+        )
+
+    def loss(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return relative_l2_loss(prediction, target)
+
+    def evaluator(self, valid_dataset: ERA5Dataset, image_channel: str | None = None) -> ERA5Evaluator:
+        return ERA5Evaluator(valid_dataset, image_channel)
+
+    def describe_model(self, model: VisionTransformer) -> str:
+        return (
+            f"ViT with {count_parameters(model):,} parameters: embed {model.embed_dim}, depth {len(model.blocks)}, "
+            f"patch {model.patch_size}, {model.num_tokens} tokens ({model.grid_size[0]}x{model.grid_size[1]})"
+        )
+
+
+WORKLOAD = ERA5ViT()

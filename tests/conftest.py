@@ -1,0 +1,38 @@
+"""Shared fixtures: a tiny synthetic ERA5 data set (made once per session) and run configs that use it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_FILE = REPO / "configs" / "vit_era5.yaml"
+
+# Tests that start processes must not oversubscribe the 2 cores of the CI machine.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_era5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic ERA5 data set of the `tiny` preset (16 x 32 grid, 46 training and 23 validation samples)."""
+    from dlscale.data.synth_era5 import PRESETS, write_synthetic_era5
+
+    return write_synthetic_era5(tmp_path_factory.mktemp("data") / "era5_tiny", PRESETS["tiny"])
+
+
+@pytest.fixture
+def tiny_config(tiny_era5: Path, tmp_path: Path):
+    """A function returning the shipped `tiny` config on the session's data, writing runs under tmp_path."""
+    from dlscale.config import load_run_config
+
+    def make(*overrides: str, expdir: Path | None = None, **flags: object):
+        settings = [
+            f"data.root={tiny_era5}",
+            f"log.expdir={expdir or tmp_path / 'runs'}",
+            "log.progress=none",
+        ]
+        return load_run_config(CONFIG_FILE, "tiny", [*settings, *overrides], flags)
+
+    return make

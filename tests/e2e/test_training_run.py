@@ -1,0 +1,201 @@
+"""Whole training runs of the `tiny` config, in-process: outputs, determinism, and exact resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from dlscale.commands.train import train
+from dlscale.config import load_run_config
+from dlscale.errors import CheckpointError
+from dlscale.train.checkpoint import load_checkpoint
+from dlscale.train.observer import Observer
+
+TUTORIAL_LINES = (
+    "Starting Training Loop...",
+    "Time taken for epoch 1 is",
+    "Time taken for epoch 2 is",
+    "  Avg train loss=",
+    "  Avg val loss=",
+    "  Total validation time:",
+)
+
+
+class StopAtStep(Observer):
+    """Asks the run to stop after a given global step, exactly as a SIGTERM arriving during that step would."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, trainer, loss) -> None:
+        if trainer.progress.global_step == self.step:
+            trainer.stop.request("SIGTERM")
+
+
+class CrashAtStep(Observer):
+    """Kills the run without any chance to save (a node failure, an OOM kill)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, trainer, loss) -> None:
+        if trainer.progress.global_step == self.step:
+            raise RuntimeError("simulated crash")
+
+
+def run_dir(cfg) -> Path:
+    return Path(cfg.log.expdir) / cfg.name / cfg.log.run_num
+
+
+def final_state(cfg) -> dict:
+    return load_checkpoint(run_dir(cfg) / "checkpoints" / "ckpt_latest.pt")
+
+
+def assert_bitwise_equal(a: dict, b: dict, what: str) -> None:
+    assert a.keys() == b.keys(), what
+    for key in a:
+        if isinstance(a[key], dict):
+            assert_bitwise_equal(a[key], b[key], f"{what}.{key}")
+        elif isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), f"{what}.{key} differs"
+        else:
+            assert a[key] == b[key], f"{what}.{key}: {a[key]!r} != {b[key]!r}"
+
+
+def test_run_writes_logs_config_checkpoints_tensorboard_and_figures(tiny_config):
+    cfg = tiny_config()
+    assert train(cfg) == 0
+    directory = run_dir(cfg)
+    log = (directory / "out.log").read_text()
+    for line in TUTORIAL_LINES:
+        assert line in log
+    assert "Val RMSE(u10m)=" in log and "persistence" in log
+
+    # The saved config reproduces the run's config.
+    saved = load_run_config(directory / "config.yaml", "tiny")
+    assert saved.to_dict() == cfg.to_dict()
+
+    summary = json.loads((directory / "summary.json").read_text())
+    assert summary["outcome"] == "finished"
+    assert summary["epochs_completed"] == 2 and len(summary["history"]) == 2
+    assert summary["global_step"] == summary["total_steps"] == 2 * (46 // 4)
+    assert summary["final"]["headline"] == "RMSE(u10m)"
+    assert summary["final"]["baseline_headline"] > 0
+
+    assert (directory / "checkpoints" / "ckpt_latest.pt").is_file()
+    assert (directory / "checkpoints" / "ckpt_best.pt").is_file()
+    for figure in ("loss_curves.png", "prediction_vs_target.png"):
+        assert (directory / "figures" / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory / "tensorboard")).Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = {"Loss/train", "Loss/valid", "RMSE(u10m)/valid", "Learning Rate", "Avg iters per sec"}
+    assert expected | {"Avg samples per sec", "RMSE(u10m)/persistence", "RMSE/t2m/valid"} <= tags
+    assert [e.step for e in events.Scalars("Loss/valid")] == [11, 22]
+    assert "Visualization, t2m" in events.Tags()["images"]
+
+
+def test_same_seed_gives_the_same_run_and_another_seed_does_not(tiny_config, tmp_path):
+    runs = [
+        tiny_config(expdir=tmp_path / name, **flags)
+        for name, flags in (("a", {}), ("b", {}), ("c", {"train.seed": 1}))
+    ]
+    for cfg in runs:
+        train(cfg)
+    histories = [json.loads((run_dir(cfg) / "summary.json").read_text())["history"] for cfg in runs]
+    losses = [[(row["train_loss"], row["val_loss"]) for row in history] for history in histories]
+    assert losses[0] == losses[1]
+    assert losses[0] != losses[2]
+    assert_bitwise_equal(final_state(runs[0])["model"], final_state(runs[1])["model"], "model")
+
+
+@pytest.mark.parametrize(
+    ("stop_steps", "overrides"),
+    [
+        pytest.param([3], [], id="mid-epoch"),
+        pytest.param([11], [], id="after-last-step-before-validation"),
+        pytest.param([5, 15], ["model.dropout=0.1"], id="twice-with-dropout"),
+        pytest.param([7], ["loader.num_data_workers=2"], id="with-workers"),
+    ],
+)
+def test_interrupted_and_resumed_run_equals_uninterrupted_run_bitwise(
+    tiny_config, tmp_path, stop_steps, overrides
+):
+    reference = tiny_config(*overrides, expdir=tmp_path / "reference")
+    train(reference)
+
+    resumed = tiny_config(*overrides, expdir=tmp_path / "resumed")
+    for step in stop_steps:
+        train(resumed, extra_observers=[StopAtStep(step)])
+        position = final_state(resumed)["progress"]
+        assert position["global_step"] == step and not position["completed"]
+    train(resumed)
+
+    expected, actual = final_state(reference), final_state(resumed)
+    assert actual["progress"]["completed"]
+    assert_bitwise_equal(expected["model"], actual["model"], "model")
+    assert_bitwise_equal(expected["optimizer"], actual["optimizer"], "optimizer")
+    expected_history = [
+        (r["epoch"], r["global_step"], r["val_loss"]) for r in expected["progress"]["history"]
+    ]
+    actual_history = [(r["epoch"], r["global_step"], r["val_loss"]) for r in actual["progress"]["history"]]
+    assert actual_history == expected_history
+    for a, b in zip(expected["progress"]["history"], actual["progress"]["history"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-12)
+
+
+def test_crash_without_saving_resumes_from_the_last_periodic_checkpoint(tiny_config, tmp_path):
+    reference = tiny_config(expdir=tmp_path / "reference")
+    train(reference)
+    crashed = tiny_config("checkpoint.save_every_steps=4", expdir=tmp_path / "crashed")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(crashed, extra_observers=[CrashAtStep(6)])
+    assert final_state(crashed)["progress"]["global_step"] == 4
+    train(crashed)
+    assert_bitwise_equal(final_state(reference)["model"], final_state(crashed)["model"], "model")
+
+
+def test_a_finished_run_is_not_trained_again(tiny_config, caplog):
+    cfg = tiny_config()
+    train(cfg)
+    before = (run_dir(cfg) / "checkpoints" / "ckpt_latest.pt").stat().st_mtime_ns
+    assert train(cfg) == 0
+    assert (run_dir(cfg) / "checkpoints" / "ckpt_latest.pt").stat().st_mtime_ns == before
+    assert "already finished" in (run_dir(cfg) / "out.log").read_text()
+
+
+def test_resume_never_refuses_to_overwrite_a_checkpoint(tiny_config):
+    train(tiny_config(num_epochs=1))
+    with pytest.raises(CheckpointError, match="already holds a checkpoint"):
+        train(tiny_config(**{"checkpoint.resume": "never"}))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("model.embed_dim=64", r"pos_embed: checkpoint \(1, 32, 32\) vs model \(1, 32, 64\)"),
+        ("train.global_batch_size=2", "global batch size 4, this run uses 2"),
+    ],
+)
+def test_resuming_into_an_incompatible_run_fails_clearly(tiny_config, change, message):
+    train(tiny_config(), extra_observers=[StopAtStep(3)])
+    with pytest.raises(CheckpointError, match=message):
+        train(tiny_config(change))
+
+
+def test_resume_from_an_explicit_checkpoint_path(tiny_config, tmp_path):
+    first = tiny_config(expdir=tmp_path / "first")
+    train(first, extra_observers=[StopAtStep(5)])
+    source = run_dir(first) / "checkpoints" / "ckpt_latest.pt"
+    second = tiny_config(expdir=tmp_path / "second", **{"checkpoint.resume": str(source)})
+    train(second)
+    log = (run_dir(second) / "out.log").read_text()
+    assert f"Resuming from {source}: epoch 1, step 5 of the epoch (global step 5 of 22)" in log
+    config = yaml.safe_load((run_dir(second) / "config.yaml").read_text())
+    assert config["tiny"]["checkpoint"]["resume"] == str(source)

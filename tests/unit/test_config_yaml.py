@@ -1,0 +1,460 @@
+"""Config files: reading YAML (extends, deep `<<` merges, YAML-1.2 floats, ${VAR}) and typed coercion."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from dlscale.config.typed import build_section, coerce, describe, section_to_dict
+from dlscale.config.yaml_source import deep_merge, parse_yaml_value, read_config_file, resolve_section
+from dlscale.data.era5_layout import ERA5DataConfig
+from dlscale.errors import ConfigError
+from dlscale.models.vit import ViTConfig
+from dlscale.report.run_dir import LogConfig
+
+
+def write(tmp_path: Path, text: str, name: str = "cfg.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def resolve(tmp_path: Path, text: str, name: str) -> dict:
+    path = write(tmp_path, text)
+    return resolve_section(read_config_file(path), name, path)
+
+
+def error_of(call, *args) -> str:
+    with pytest.raises(ConfigError) as info:
+        call(*args)
+    return str(info.value)
+
+
+def assert_names(message: str, *fragments: str) -> None:
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} missing from: {message}"
+
+
+# --------------------------------------------------------------------------------------------- extends
+
+
+FAMILY = """
+    base:
+      name: base
+      optim: {optimizer: Adam, lr: 5E-4, warmup: 10, betas: [0.9, 0.95]}
+      train: {global_batch_size: 16, num_iters: 100}
+    child:
+      extends: base
+      name: child
+      optim: {lr: 1e-3}
+    grandchild:
+      extends: child
+      train: {num_iters: 7}
+    left:
+      optim: {lr: 1.0, warmup: 1}
+      only_left: 1
+    right:
+      optim: {lr: 2.0}
+      only_right: 2
+    both:
+      extends: [left, right]
+      train: {seed: 3}
+"""
+
+
+def test_extends_inherits_and_the_child_overrides(tmp_path):
+    child = resolve(tmp_path, FAMILY, "child")
+    assert child["name"] == "child"
+    assert child["train"] == {"global_batch_size": 16, "num_iters": 100}
+    assert "extends" not in child
+
+
+def test_extends_merges_nested_sections_deeply(tmp_path):
+    child = resolve(tmp_path, FAMILY, "child")
+    assert child["optim"] == {"optimizer": "Adam", "lr": 1e-3, "warmup": 10, "betas": [0.9, 0.95]}
+
+
+def test_extends_chains_through_several_generations(tmp_path):
+    grandchild = resolve(tmp_path, FAMILY, "grandchild")
+    assert grandchild["optim"]["lr"] == 1e-3 and grandchild["optim"]["warmup"] == 10
+    assert grandchild["train"] == {"global_batch_size": 16, "num_iters": 7}
+    assert grandchild["name"] == "child"
+
+
+def test_extends_list_merges_left_to_right(tmp_path):
+    both = resolve(tmp_path, FAMILY, "both")
+    assert both["optim"] == {"lr": 2.0, "warmup": 1}  # right wins on lr, left's warmup survives
+    assert both["only_left"] == 1 and both["only_right"] == 2
+    assert both["train"] == {"seed": 3}
+
+
+def test_resolving_a_child_does_not_change_its_parent(tmp_path):
+    path = write(tmp_path, FAMILY)
+    document = read_config_file(path)
+    resolve_section(document, "grandchild", path)
+    assert resolve_section(document, "base", path)["optim"]["lr"] == 5e-4
+    assert document["child"]["extends"] == "base"
+
+
+def test_deep_merge_keeps_inputs_and_replaces_non_mappings():
+    base = {"a": {"x": 1, "y": 2}, "b": [1, 2], "c": 1}
+    override = {"a": {"y": 3}, "b": [3], "c": {"z": 1}}
+    assert deep_merge(base, override) == {"a": {"x": 1, "y": 3}, "b": [3], "c": {"z": 1}}
+    assert base == {"a": {"x": 1, "y": 2}, "b": [1, 2], "c": 1}
+    assert override == {"a": {"y": 3}, "b": [3], "c": {"z": 1}}
+
+
+def test_yaml_anchor_merge_is_deep(tmp_path):
+    text = """
+        base: &base
+          optim: {lr: 5E-4, warmup: 10}
+          train: {num_iters: 100}
+        child:
+          <<: *base
+          optim: {lr: 1e-3}
+    """
+    child = resolve(tmp_path, text, "child")
+    assert child["optim"] == {"lr": 1e-3, "warmup": 10}
+    assert child["train"] == {"num_iters": 100}
+    assert resolve(tmp_path, text, "base")["optim"] == {"lr": 5e-4, "warmup": 10}
+
+
+def test_yaml_merge_of_several_anchors_is_deep_and_the_first_anchor_wins(tmp_path):
+    text = """
+        a: &a {optim: {lr: 1.0, warmup: 1}}
+        b: &b {optim: {lr: 2.0, eps: 0.1}}
+        child:
+          <<: [*a, *b]
+          optim: {end_lr: 0.5}
+    """
+    assert resolve(tmp_path, text, "child")["optim"] == {"lr": 1.0, "warmup": 1, "eps": 0.1, "end_lr": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("text", "chain"),
+    [
+        ("a: {extends: b}\nb: {extends: a}\n", "a -> b -> a"),
+        ("a: {extends: a}\n", "a -> a"),
+        ("a: {extends: b}\nb: {extends: c}\nc: {extends: a}\n", "a -> b -> c -> a"),
+    ],
+)
+def test_inheritance_cycles_are_reported(tmp_path, text, chain):
+    path = write(tmp_path, text)
+    message = error_of(resolve_section, read_config_file(path), "a", path)
+    assert_names(message, str(path), "inherit in a cycle")
+    assert message.endswith(f"cycle: {chain}")
+
+
+def test_unknown_parent_is_named_with_a_suggestion(tmp_path):
+    path = write(tmp_path, "base: {x: 1}\nchild: {extends: bsae}\n")
+    message = error_of(resolve_section, read_config_file(path), "child", path)
+    assert_names(message, str(path), "'child'", "'bsae'", "not defined", "did you mean 'base'?")
+
+
+def test_unknown_config_name_is_named_with_a_suggestion_and_the_list(tmp_path):
+    path = write(tmp_path, "base: {x: 1}\nshort: {x: 2}\n")
+    message = error_of(resolve_section, read_config_file(path), "shrot", path)
+    assert_names(message, str(path), "no config named 'shrot'", "did you mean 'short'?", "base, short")
+
+
+@pytest.mark.parametrize("extends", ["5", "[base, 3]", "{base: 1}"])
+def test_extends_must_be_a_name_or_a_list_of_names(tmp_path, extends):
+    path = write(tmp_path, f"base: {{x: 1}}\nchild: {{extends: {extends}}}\n")
+    message = error_of(resolve_section, read_config_file(path), "child", path)
+    assert_names(message, str(path), "'child'", "'extends' must be a config name or a list of names")
+
+
+@pytest.mark.parametrize(("text", "kind"), [("base: [1, 2]\n", "list"), ("base: 5\n", "int")])
+def test_a_config_that_is_not_a_mapping_is_refused(tmp_path, text, kind):
+    path = write(tmp_path, text)
+    assert_names(error_of(read_config_file, path), str(path), "'base'", "must be a mapping", kind)
+
+
+@pytest.mark.parametrize("text", ["", "- a\n- b\n", "just text\n", "{}\n"])
+def test_a_file_that_is_not_a_mapping_of_configs_is_refused(tmp_path, text):
+    path = write(tmp_path, text)
+    assert_names(error_of(read_config_file, path), str(path), "expected a mapping of config names")
+
+
+def test_invalid_yaml_names_the_file(tmp_path):
+    path = write(tmp_path, "base:\n  lr: [1, 2\n  x: 1\n")
+    assert_names(error_of(read_config_file, path), str(path), "not valid YAML")
+
+
+def test_missing_file_is_named(tmp_path):
+    path = tmp_path / "nowhere.yaml"
+    assert_names(error_of(read_config_file, path), str(path), "does not exist", "--yaml_config")
+
+
+# --------------------------------------------------------------------------------------------- scalars
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("5E-4", 5e-4),
+        ("1e-3", 1e-3),
+        ("2.E-4", 2e-4),
+        ("7.07e-4", 7.07e-4),
+        ("2E-3", 2e-3),
+        ("1e3", 1000.0),
+        ("-1.5e+2", -150.0),
+        ("0.5", 0.5),
+        (".5", 0.5),
+        ("1.", 1.0),
+        ("1_000.5", 1000.5),
+    ],
+)
+def test_yaml_1_2_floats_are_floats(tmp_path, text, expected):
+    path = write(tmp_path, f"base:\n  value: {text}\n  listed: [{text}]\n")
+    values = read_config_file(path)["base"]
+    for value in (values["value"], values["listed"][0], parse_yaml_value(text)):
+        assert isinstance(value, float)
+        assert value == pytest.approx(expected, rel=1e-12)
+
+
+def test_infinity_and_nan_still_parse():
+    assert parse_yaml_value(".inf") == float("inf")
+    assert parse_yaml_value("-.inf") == float("-inf")
+    assert parse_yaml_value(".nan") != parse_yaml_value(".nan")
+
+
+@pytest.mark.parametrize("text", ["'5E-4'", '"5E-4"', "'1e-3'", "'7.07e-4'"])
+def test_quoted_numbers_stay_strings(tmp_path, text):
+    path = write(tmp_path, f"base:\n  value: {text}\n")
+    value = read_config_file(path)["base"]["value"]
+    assert value == text.strip("'\"")
+    assert isinstance(value, str)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("16", 16), ("0", 0), ("-3", -3), ("30000", 30000)])
+def test_integers_stay_integers(tmp_path, text, expected):
+    path = write(tmp_path, f"base:\n  value: {text}\n")
+    value = read_config_file(path)["base"]["value"]
+    assert value == expected and type(value) is int
+    assert type(parse_yaml_value(text)) is int
+
+
+def test_other_scalars_keep_their_yaml_meaning():
+    assert parse_yaml_value("true") is True
+    assert parse_yaml_value("null") is None
+    assert parse_yaml_value("none") == "none"
+    assert parse_yaml_value("[32, 64]") == [32, 64]
+    assert parse_yaml_value("tp-cp-dp") == "tp-cp-dp"
+
+
+def test_an_unparsable_command_line_value_is_named():
+    assert_names(error_of(parse_yaml_value, "[1, 2"), "cannot parse value '[1, 2'")
+
+
+# --------------------------------------------------------------------------------------------- ${VAR}
+
+
+ENV_TEXT = """
+    base:
+      data: {root: "${DLSCALE_TEST_ROOT}", stats: "${DLSCALE_TEST_ROOT}/stats/${DLSCALE_TEST_SUB}"}
+      listed: ["${DLSCALE_TEST_SUB}", 3]
+      number: 5
+    fallback:
+      data: {root: "${DLSCALE_TEST_ROOT:-/data}"}
+"""
+
+
+def test_env_variables_are_expanded_everywhere_in_strings(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLSCALE_TEST_ROOT", "/scratch/era5")
+    monkeypatch.setenv("DLSCALE_TEST_SUB", "v2")
+    base = resolve(tmp_path, ENV_TEXT, "base")
+    assert base["data"] == {"root": "/scratch/era5", "stats": "/scratch/era5/stats/v2"}
+    assert base["listed"] == ["v2", 3]
+    assert base["number"] == 5
+
+
+def test_an_unset_env_variable_names_the_file_config_key_and_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv("DLSCALE_TEST_ROOT", raising=False)
+    monkeypatch.setenv("DLSCALE_TEST_SUB", "v2")
+    path = write(tmp_path, ENV_TEXT)
+    message = error_of(resolve_section, read_config_file(path), "base", path)
+    assert_names(message, str(path), "'base'", "data.root", "DLSCALE_TEST_ROOT", "is not set", ":-default")
+
+
+def test_env_default_is_used_only_when_the_variable_is_unset(tmp_path, monkeypatch):
+    monkeypatch.delenv("DLSCALE_TEST_ROOT", raising=False)
+    assert resolve(tmp_path, ENV_TEXT, "fallback")["data"]["root"] == "/data"
+    monkeypatch.setenv("DLSCALE_TEST_ROOT", "/scratch/era5")
+    assert resolve(tmp_path, ENV_TEXT, "fallback")["data"]["root"] == "/scratch/era5"
+
+
+def test_env_default_is_used_when_the_variable_is_empty(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLSCALE_TEST_ROOT", "")
+    assert resolve(tmp_path, ENV_TEXT, "fallback")["data"]["root"] == "/data"
+
+
+# --------------------------------------------------------------------------------------------- coercion
+
+
+@dataclass
+class Sample:
+    flag: bool = False
+    count: int = 1
+    rate: float = 0.5
+    name: str = "x"
+    limit: int | None = None
+    size: tuple[int, int] = (1, 2)
+    names: list[str] = field(default_factory=list)
+    mode: Literal["none", "fp16", "bf16"] = "none"
+    either: int | str = 0
+
+
+WHERE = "cfg.yaml [config 'base']: sample.key"
+
+
+def coerced(value, annotation):
+    return coerce(value, annotation, WHERE)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(True, True), (False, False), ("yes", True), ("off", False), ("TRUE", True), (1, True), (0, False)],
+)
+def test_bool_accepts_yaml_and_text_spellings(value, expected):
+    assert coerced(value, bool) is expected
+
+
+@pytest.mark.parametrize("value", [2, "maybe", 1.0, None, [True]])
+def test_bool_refuses_other_values(value):
+    assert_names(error_of(coerced, value, bool), WHERE, "expected true or false", repr(value))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(3, 3), ("3", 3), ("1_000", 1000), (1e3, 1000), ("1e3", 1000), (-2.0, -2)]
+)
+def test_int_accepts_whole_numbers(value, expected):
+    result = coerced(value, int)
+    assert result == expected and type(result) is int
+
+
+@pytest.mark.parametrize("value", [1.5, "1.5", True, "abc", None, [1]])
+def test_int_refuses_fractions_bools_and_text(value):
+    assert_names(error_of(coerced, value, int), WHERE, "expected an integer", repr(value))
+
+
+@pytest.mark.parametrize(("value", "expected"), [(1, 1.0), (2.5, 2.5), ("5E-4", 5e-4), (" 1_0.5 ", 10.5)])
+def test_float_accepts_numbers_and_numeric_text(value, expected):
+    result = coerced(value, float)
+    assert result == expected and type(result) is float
+
+
+@pytest.mark.parametrize("value", [True, "abc", None, [1.0]])
+def test_float_refuses_bools_and_text(value):
+    assert_names(error_of(coerced, value, float), WHERE, "expected a number", repr(value))
+
+
+@pytest.mark.parametrize("value", [0, 1.5, True, None])
+def test_str_accepts_only_strings_and_hints_at_quotes(value):
+    message = error_of(coerced, value, str)
+    assert_names(message, WHERE, "expected a string", repr(value), "put it in quotes")
+    assert coerced("00", str) == "00"
+
+
+@pytest.mark.parametrize("value", [None, "None", "null", "~", "", " NONE "])
+def test_optional_fields_accept_null_spellings(value):
+    assert coerced(value, int | None) is None
+    assert coerced(value, str | None) is None
+
+
+def test_optional_fields_coerce_other_values_to_their_type():
+    assert coerced(5, int | None) == 5
+    assert coerced("5", int | None) == 5
+    assert coerced(1e3, int | None) == 1000
+    assert_names(error_of(coerced, 1.5, int | None), "expected an integer")
+
+
+def test_a_union_takes_the_first_member_that_fits():
+    assert coerced(5, int | str) == 5
+    assert coerced("abc", int | str) == "abc"
+    assert_names(error_of(coerced, 1.5, int | str), WHERE, "expected an integer or a string", "1.5")
+
+
+def test_fixed_length_tuples_are_checked_and_converted():
+    assert coerced([360, 720], tuple[int, int]) == (360, 720)
+    assert coerced(("16", 3.2e1), tuple[int, int]) == (16, 32)
+    message = error_of(coerced, [1, 2, 3], tuple[int, int])
+    assert_names(message, WHERE, "2 values", "[1, 2, 3]")
+    assert_names(error_of(coerced, [1], tuple[int, int]), "2 values")
+    assert_names(error_of(coerced, "360x720", tuple[int, int]), "expected a list [an integer, an integer]")
+    assert_names(error_of(coerced, [1, "x"], tuple[int, int]), f"{WHERE}[1]", "expected an integer")
+
+
+def test_lists_convert_every_item():
+    assert coerced(["a", "b"], list[str]) == ["a", "b"]
+    assert coerced(("a",), list[str]) == ["a"]
+    assert coerced([1, "2"], tuple[int, ...]) == (1, 2)
+    assert_names(error_of(coerced, ["a", 1], list[str]), f"{WHERE}[1]", "expected a string")
+    assert_names(error_of(coerced, "a", list[str]), "expected a list of a string")
+
+
+def test_literal_accepts_its_choices():
+    mode = Literal["none", "fp16", "bf16"]
+    assert coerced("fp16", mode) == "fp16"
+    assert coerced(" bf16 ", mode) == "bf16"
+    assert coerced(2, Literal[1, 2]) == 2
+    assert coerced("2", Literal[1, 2]) == 2
+
+
+def test_literal_errors_list_the_choices_and_suggest_the_closest():
+    message = error_of(coerced, "fp61", Literal["none", "fp16", "bf16"])
+    assert_names(message, WHERE, "'fp61' is not one of none, fp16, bf16", "did you mean 'fp16'?")
+    assert "did you mean" not in error_of(coerced, "zzzzzz", Literal["none", "fp16", "bf16"])
+
+
+def test_describe_names_types_for_humans():
+    assert describe(int | None) == "an integer or null"
+    assert describe(tuple[int, int]) == "a list [an integer, an integer]"
+    assert describe(list[str]) == "a list of a string"
+    assert describe(Literal["a", "b"]) == "one of a, b"
+    assert describe(bool) == "true or false"
+
+
+def test_build_section_coerces_every_key():
+    built = build_section(
+        Sample,
+        {"flag": "yes", "count": 1e3, "limit": "None", "size": [3, 4], "names": ["a"], "mode": "bf16"},
+        "cfg.yaml",
+        "sample",
+    )
+    assert built == Sample(flag=True, count=1000, limit=None, size=(3, 4), names=["a"], mode="bf16")
+    assert section_to_dict(built)["size"] == [3, 4]
+
+
+def test_build_section_names_an_unknown_key_and_the_closest_one():
+    message = error_of(build_section, Sample, {"cuont": 3}, "cfg.yaml [config 'base']", "sample")
+    assert_names(
+        message,
+        "cfg.yaml [config 'base']",
+        "unknown key sample.cuont",
+        "did you mean 'count'?",
+        "flag, count",
+    )
+
+
+def test_build_section_adds_file_and_section_to_a_component_error():
+    message = error_of(
+        build_section, ViTConfig, {"embed_dim": 100, "num_heads": 8}, "cfg.yaml [config 'x']", "model"
+    )
+    assert_names(message, "cfg.yaml [config 'x']", "model.embed_dim", "not a multiple of num_heads=8")
+
+
+def test_a_bare_number_for_run_num_is_refused_with_a_hint_to_quote_it():
+    message = error_of(build_section, LogConfig, {"run_num": 0}, "cfg.yaml [config 'x']", "log")
+    assert_names(message, "cfg.yaml [config 'x']", "log.run_num", "expected a string", "put it in quotes")
+    assert build_section(LogConfig, {"run_num": "00"}, "cfg.yaml", "log").run_num == "00"
+
+
+def test_a_wrong_length_img_size_is_refused():
+    message = error_of(build_section, ERA5DataConfig, {"img_size": [360]}, "cfg.yaml [config 'x']", "data")
+    assert_names(message, "cfg.yaml [config 'x']", "data.img_size", "2 values", "[360]")
+    assert build_section(ERA5DataConfig, {"img_size": [32, 64]}, "f", "data").img_size == (32, 64)
