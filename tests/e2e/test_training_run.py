@@ -199,3 +199,31 @@ def test_resume_from_an_explicit_checkpoint_path(tiny_config, tmp_path):
     assert f"Resuming from {source}: epoch 1, step 5 of the epoch (global step 5 of 22)" in log
     config = yaml.safe_load((run_dir(second) / "config.yaml").read_text())
     assert config["tiny"]["checkpoint"]["resume"] == str(source)
+
+
+@pytest.mark.parametrize(
+    "checkpointing",
+    [
+        pytest.param(
+            ["checkpoint.save_every_epochs=2", "checkpoint.keep_best=false"], id="restart-from-scratch"
+        ),
+        pytest.param([], id="resume-from-the-epoch-1-checkpoint"),
+    ],
+)
+def test_tensorboard_shows_each_step_once_after_a_crash_and_restart(tiny_config, checkpointing):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = tiny_config(*checkpointing)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(cfg, extra_observers=[CrashAtStep(15)])  # in epoch 2, after epoch 1's events were written
+    train(cfg)
+    events = EventAccumulator(str(run_dir(cfg) / "tensorboard")).Reload()
+    assert [e.step for e in events.Scalars("Loss/valid")] == [11, 22]
+
+
+def test_a_run_without_checkpoints_says_that_a_stop_saved_nothing(tiny_config):
+    cfg = tiny_config("checkpoint.enabled=false", "log.tensorboard=false")
+    assert train(cfg, extra_observers=[StopAtStep(3)]) == 0
+    log = (run_dir(cfg) / "out.log").read_text()
+    assert "Stopped by SIGTERM at epoch 1, step 3" in log and "nothing was saved" in log
+    assert not (run_dir(cfg) / "checkpoints").exists() and not (run_dir(cfg) / "tensorboard").exists()

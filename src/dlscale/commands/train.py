@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import tempfile
-from pathlib import Path
 
 from dlscale import __version__
 from dlscale.cli import tutorial_flag_values
@@ -16,6 +13,7 @@ from dlscale.report.progress import ProgressReporter
 from dlscale.report.run_dir import run_directory, setup_logging
 from dlscale.report.summary import RunSummary
 from dlscale.report.tensorboard import TensorBoardReporter
+from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import detect_process
 from dlscale.runtime.signals import StopRequest
@@ -80,12 +78,3 @@ def build_observers(setup: TrainingSetup) -> list[Observer]:
     checkpoint_dir = setup.checkpoints.directory if cfg.checkpoint.enabled else None
     observers.append(RunSummary(run_dir, tensorboard_dir, checkpoint_dir))
     return observers
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` without ever leaving a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "w") as stream:
-        stream.write(text)
-    os.replace(temporary, path)

@@ -51,7 +51,6 @@ def build_loader(
     sampler: Sampler[int],
     pin_memory_default: bool,
     seed: int,
-    persistent: bool = True,
 ) -> DataLoader:
     """A DataLoader over ``sampler``'s indices in batches of ``batch_size`` (the last batch may be short).
 
@@ -65,7 +64,7 @@ def build_loader(
         sampler=sampler,
         num_workers=workers,
         pin_memory=pin_memory_default if cfg.pin_memory is None else cfg.pin_memory,
-        persistent_workers=persistent and cfg.persistent_workers and workers > 0,
+        persistent_workers=cfg.persistent_workers and workers > 0,
         prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
         worker_init_fn=_seed_worker if workers > 0 else None,
         generator=torch.Generator().manual_seed(seed),

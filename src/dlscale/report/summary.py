@@ -12,6 +12,7 @@ import torch
 
 from dlscale import __version__
 from dlscale.report.figures import loss_curve_figure, prediction_figure, save_png
+from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.train.observer import EpochReport, Observer
 
 log = logging.getLogger("dlscale.train")
@@ -42,17 +43,22 @@ class RunSummary(Observer):
         figures = self._write_figures(trainer)
         summary = self.summary(trainer, outcome, figures)
         path = self.run_dir / "summary.json"
-        path.write_text(json.dumps(summary, indent=2) + "\n")
+        write_text_atomically(path, json.dumps(summary, indent=2) + "\n")
         final = summary["final"]
         if outcome == "stopped":
+            next_step = (
+                "Run the same command again to resume."
+                if self.checkpoint_dir is not None
+                else "Checkpoints are disabled (checkpoint.enabled: false), so nothing was saved to resume from."
+            )
             log.info(
-                "Stopped by %s at epoch %d, step %d of the epoch (global step %d of %d). "
-                "Run the same command again to resume.",
+                "Stopped by %s at epoch %d, step %d of the epoch (global step %d of %d). %s",
                 trainer.stop.reason,
                 p.epoch + 1,
                 p.step_in_epoch,
                 p.global_step,
                 setup.plan.total_steps,
+                next_step,
             )
         if final:
             headline = final["headline"]

@@ -24,9 +24,11 @@ class TensorBoardReporter(Observer):
         self.writer: SummaryWriter | None = None
 
     def on_train_start(self, trainer) -> None:
-        step = trainer.progress.global_step
-        # purge_step hides events that an interrupted run wrote after the step it resumes from.
-        self.writer = SummaryWriter(str(self.directory), purge_step=step if step > 0 else None)
+        # purge_step hides the events that an earlier, interrupted attempt wrote after the step this run
+        # continues from (all of them when it starts from scratch), so a curve never shows two points for one
+        # step. Events *at* that step were written before its checkpoint (epoch-end scalars come before the
+        # checkpoint is saved) and belong to the history this run continues.
+        self.writer = SummaryWriter(str(self.directory), purge_step=trainer.progress.global_step + 1)
 
     def on_epoch_end(self, trainer, report: EpochReport) -> None:
         writer, step = self.writer, trainer.progress.global_step

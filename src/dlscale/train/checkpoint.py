@@ -13,16 +13,16 @@ import contextlib
 import os
 import pickle
 import re
-import secrets
 import shutil
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
 from dlscale.errors import CheckpointError, InvalidValue
+from dlscale.runtime.atomic_files import write_atomically, write_synced
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -71,7 +71,7 @@ def save_checkpoint(payload: Mapping[str, Any], path: str | Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot create the checkpoint directory: {exc}") from exc
-    _write_atomically(path, lambda tmp: _write_file(tmp, lambda f: torch.save(document, f)))
+    _write_atomically(path, lambda tmp: write_synced(tmp, lambda f: torch.save(document, f)))
     return path
 
 
@@ -150,45 +150,11 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
 
 
 def _write_atomically(path: Path, fill: Callable[[Path], None]) -> None:
-    """Have `fill(tmp)` create a temporary file beside `path`, then rename it onto `path`."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    """Atomically (see :mod:`dlscale.runtime.atomic_files`), with write errors reported as CheckpointError."""
     try:
-        fill(tmp)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        # BaseException too: a KeyboardInterrupt or SystemExit (Slurm preemption handler) mid-write must not
-        # leave a multi-GB temporary file behind.
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(exc, OSError):
-            raise CheckpointError(f"{path}: cannot write the checkpoint: {exc}") from exc
-        raise
-    _fsync_directory(path.parent)
-
-
-def _write_file(tmp: Path, write: Callable[[BinaryIO], Any]) -> None:
-    # "xb": a name collision must fail rather than share a file with another writer.
-    with open(tmp, "xb") as f:
-        write(f)
-        f.flush()
-        # Data on disk before the rename, or a power loss could leave a renamed but empty file.
-        os.fsync(f.fileno())
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself durable (a power loss right after os.replace could otherwise undo it)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        # Some file systems (and all of Windows) refuse fsync on a directory; the file's data is already on
-        # disk, only the rename's durability is best effort there.
-        pass
-    finally:
-        os.close(fd)
+        write_atomically(path, fill)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot write the checkpoint: {exc}") from exc
 
 
 def _check_weights_only_safe(value: Any, path: Path, where: str = "payload") -> None:
@@ -402,6 +368,6 @@ def _publish_copy(source: Path, target: Path) -> None:
         except OSError:
             pass
         with open(source, "rb") as src:
-            _write_file(tmp, lambda f: shutil.copyfileobj(src, f, length=16 * 1024 * 1024))
+            write_synced(tmp, lambda f: shutil.copyfileobj(src, f, length=16 * 1024 * 1024))
 
     _write_atomically(target, fill)

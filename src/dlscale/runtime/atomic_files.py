@@ -1,0 +1,70 @@
+"""Files that are either the old version or the complete new one, never half written.
+
+A crash, a preemption or a full disk at any instant must not leave a truncated checkpoint or config behind:
+bytes go to a uniquely named temporary file beside the target, are flushed to disk, and the temporary file
+is renamed onto the target (an atomic operation on POSIX file systems).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+
+def write_atomically(path: Path, fill: Callable[[Path], None]) -> None:
+    """Have ``fill(tmp)`` create a temporary file beside ``path``, then rename it onto ``path``.
+
+    On any exception (KeyboardInterrupt and SystemExit included) the temporary file is removed, ``path`` is
+    left as it was, and the exception propagates.
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        fill(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        # A preemption mid-write must not leave a multi-GB temporary file behind either.
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_directory(path.parent)
+
+
+def write_bytes_atomically(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Write ``path`` atomically with ``write(file)`` (the file is fsynced before the rename)."""
+    write_atomically(path, lambda tmp: write_synced(tmp, write))
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically (creating its directory)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomically(path, lambda f: f.write(text.encode()))
+
+
+def write_synced(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Create ``path`` (it must not exist), fill it with ``write(file)`` and flush it to disk."""
+    # "xb": a name collision must fail rather than share a file with another writer.
+    with open(path, "xb") as f:
+        write(f)
+        f.flush()
+        # Data on disk before the rename, or a power loss could leave a renamed but empty file.
+        os.fsync(f.fileno())
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename durable (a power loss right after os.replace could otherwise undo it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        # Some file systems refuse fsync on a directory; the file's data is already on disk, only the rename's
+        # durability is best effort there.
+        pass
+    finally:
+        os.close(fd)
