@@ -17,7 +17,8 @@ from dlscale.runtime.signals import GRACEFUL_SIGNALS, StopRequest
 
 # ---- detect_process --------------------------------------------------------------------------------------
 
-LAUNCH_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+LAUNCH_VARIABLES = ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE")
+ALLOCATION_VARIABLES = ("SLURM_NTASKS", "SLURM_PROCID")  # set in batch scripts too: not a launch
 
 
 def test_no_launcher_means_one_process() -> None:
@@ -27,11 +28,11 @@ def test_no_launcher_means_one_process() -> None:
 
 
 def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    for variable in LAUNCH_VARIABLES:
+    for variable in LAUNCH_VARIABLES + ALLOCATION_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
     assert detect_process() == ProcessInfo()
-    monkeypatch.setenv("SLURM_NTASKS", "3")
-    with pytest.raises(DlscaleError, match="SLURM_NTASKS"):
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "3")
+    with pytest.raises(DlscaleError, match="SLURM_STEP_NUM_TASKS"):
         detect_process()
 
 
@@ -42,7 +43,11 @@ def test_one_process_launch_is_fine(variable: str) -> None:
 
 @pytest.mark.parametrize(
     ("variable", "size", "launcher"),
-    [("WORLD_SIZE", 2, "torchrun"), ("SLURM_NTASKS", 4, "Slurm"), ("OMPI_COMM_WORLD_SIZE", 2, "Open MPI")],
+    [
+        ("WORLD_SIZE", 2, "torchrun"),
+        ("SLURM_STEP_NUM_TASKS", 4, "Slurm"),
+        ("OMPI_COMM_WORLD_SIZE", 2, "Open MPI"),
+    ],
 )
 def test_multi_process_launch_is_refused(variable: str, size: int, launcher: str) -> None:
     with pytest.raises(DlscaleError) as raised:
@@ -54,8 +59,13 @@ def test_multi_process_launch_is_refused(variable: str, size: int, launcher: str
 
 
 def test_any_multi_process_variable_is_refused_even_with_world_size_one() -> None:
-    with pytest.raises(DlscaleError, match="SLURM_NTASKS=2"):
-        detect_process({"WORLD_SIZE": "1", "SLURM_NTASKS": "2"})
+    with pytest.raises(DlscaleError, match="SLURM_STEP_NUM_TASKS=2"):
+        detect_process({"WORLD_SIZE": "1", "SLURM_STEP_NUM_TASKS": "2"})
+
+
+def test_one_process_in_a_multi_task_allocation_is_fine() -> None:
+    # In a batch script or an salloc shell of a 4-task job, a plain `dlscale train` is still one process.
+    assert detect_process({"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_JOB_ID": "1"}) == ProcessInfo()
 
 
 @pytest.mark.parametrize("variable", LAUNCH_VARIABLES)

@@ -25,7 +25,13 @@ from typing import Any, Literal, get_args, get_origin
 
 from dlscale.config.suggest import did_you_mean
 from dlscale.config.typed import build_section, coerce, field_types, section_to_dict
-from dlscale.config.yaml_source import dump_yaml, parse_yaml_value, read_config_file, resolve_section
+from dlscale.config.yaml_source import (
+    dump_yaml,
+    locate_config_file,
+    parse_yaml_value,
+    read_config_file,
+    resolve_section,
+)
 from dlscale.data.loader import LoaderConfig
 from dlscale.errors import ConfigError
 from dlscale.parallel.layout import ParallelConfig
@@ -115,6 +121,7 @@ def load_run_config(
     ``overrides`` are ``key=value`` strings (``--set``); ``flag_values`` maps keys to already-typed values
     from dedicated command-line flags (``--num_iters 10``), applied last.
     """
+    yaml_path = locate_config_file(yaml_path)
     document = read_config_file(yaml_path)
     where = f"{yaml_path} [config {config_name!r}]"
     # The workload decides the data and model sections, so it is read first (it is never a flat key).

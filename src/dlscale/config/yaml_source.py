@@ -96,13 +96,32 @@ def parse_yaml_value(text: str) -> Any:
         raise ConfigError(f"cannot parse value {text!r}: {exc}") from None
 
 
+SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # the repository's configs/, installed
+
+
+def shipped_config_names() -> list[str]:
+    """The config files that come with dlscale (``vit_era5.yaml``, ...)."""
+    return sorted(p.name for p in SHIPPED_CONFIGS.glob("*.yaml"))
+
+
+def locate_config_file(path: str | Path) -> Path:
+    """``path`` if it exists; otherwise the shipped config file of that name (``configs/vit_era5.yaml`` or
+    ``vit_era5.yaml`` work from any directory, also for an installed dlscale)."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return path
+    shipped = SHIPPED_CONFIGS / path.name
+    if not path.is_absolute() and path.parent in (Path("."), Path("configs")) and shipped.is_file():
+        return shipped
+    raise ConfigError(
+        f"config file {path} does not exist (pass --yaml_config with the path of a YAML file; "
+        f"dlscale ships {', '.join(shipped_config_names())}, usable by name from any directory)"
+    )
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a config file: a mapping of section names to sections."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(
-            f"config file {path} does not exist (pass --yaml_config with the path of a YAML file)"
-        )
+    """Read a config file (see :func:`locate_config_file`): a mapping of section names to sections."""
+    path = locate_config_file(path)
     try:
         with path.open() as handle:
             document = yaml.load(handle, Loader=ConfigLoader)  # noqa: S506 - ConfigLoader is a SafeLoader

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 
 from dlscale.errors import DlscaleError
 
-# Variables that say how many processes a launcher started, and which launcher set them.
+# Variables that say how many processes a launcher started, and which launcher set them. For Slurm this is
+# the job *step's* task count, which srun sets: SLURM_NTASKS describes the allocation and is also set in a batch
+# script or an salloc shell, where a single `dlscale train` is one process.
 _WORLD_SIZE_VARIABLES = {
     "WORLD_SIZE": "torchrun",
-    "SLURM_NTASKS": "Slurm",
+    "SLURM_STEP_NUM_TASKS": "Slurm (srun)",
     "OMPI_COMM_WORLD_SIZE": "LSF/jsrun (Open MPI)",
 }
 
