@@ -15,6 +15,8 @@ from dlscale.errors import CheckpointError
 from dlscale.train.checkpoint import load_checkpoint
 from dlscale.train.observer import Observer
 
+CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
+
 TUTORIAL_LINES = (
     "Starting Training Loop...",
     "Time taken for epoch 1 is",
@@ -227,3 +229,34 @@ def test_a_run_without_checkpoints_says_that_a_stop_saved_nothing(tiny_config):
     log = (run_dir(cfg) / "out.log").read_text()
     assert "Stopped by SIGTERM at epoch 1, step 3" in log and "nothing was saved" in log
     assert not (run_dir(cfg) / "checkpoints").exists() and not (run_dir(cfg) / "tensorboard").exists()
+
+
+@pytest.fixture
+def all_cores():
+    """Run this in-process test with both cores (the suite defaults to one thread for its forked processes)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_the_tutorial_short_config_trains_at_full_size_on_the_real_grid(tmp_path, all_cores):
+    """The real tutorial's shapes end to end: 361 x 720 files cropped to 360 x 720, the 23.8 M parameter ViT."""
+    from dlscale.data.synth_era5 import SynthERA5Spec, write_synthetic_era5
+
+    spec = SynthERA5Spec(height=361, width=720, steps_per_year=3, train_years=1, valid_years=1, test_years=0)
+    data = write_synthetic_era5(tmp_path / "era5", spec)
+    settings = [
+        f"data.root={data}",
+        f"log.expdir={tmp_path / 'runs'}",
+        "log.progress=none",
+        "limit_nsamples_val=1",
+    ]
+    cfg = load_run_config(CONFIG_FILE, "short", settings, {"train.local_batch_size": 1, "train.num_iters": 1})
+    assert train(cfg) == 0
+    log = (run_dir(cfg) / "out.log").read_text()
+    assert "ViT with 23,832,960 parameters: embed 384, depth 12, patch 8, 4050 tokens (45x90)" in log
+    assert "crop=360x720" in log
+    summary = json.loads((run_dir(cfg) / "summary.json").read_text())
+    assert summary["outcome"] == "finished" and summary["global_step"] == 1

@@ -47,7 +47,7 @@ def test_status_line_reports_position_rate_and_eta():
     trainer.progress.epoch, trainer.progress.step_in_epoch, trainer.progress.global_step = 1, 5, 15
     line = reporter.status_line(trainer, loss=0.25, now=reporter._started + 30.0)
     # 15 steps in 30 s = 0.5 steps/s = 2 samples/s; 15 steps left = 30 s.
-    assert line == ("epoch 2/3, step 5/10 (50%), loss 0.2500, 2.0 samples/s overall, run 50% done, ETA 30s")
+    assert line == ("epoch 2/3, step 5/10 (50%), loss 0.2500, 2 samples/s overall, run 50% done, ETA 30s")
 
 
 def test_lines_mode_prints_at_most_one_line_per_interval(caplog):

@@ -88,7 +88,7 @@ class ProgressReporter(Observer):
         return (
             f"epoch {p.epoch + 1}/{plan.num_epochs}, step {p.step_in_epoch}/{in_epoch} "
             f"({100 * p.step_in_epoch / max(in_epoch, 1):.0f}%), loss {loss:.4f}, "
-            f"{rate * trainer.setup.global_batch_size:.1f} samples/s overall, "
+            f"{rate * trainer.setup.global_batch_size:.3g} samples/s overall, "
             f"run {100 * p.global_step / plan.total_steps:.0f}% done, ETA {eta}"
         )
 

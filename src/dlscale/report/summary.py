@@ -72,7 +72,7 @@ class RunSummary(Observer):
                 final["baseline_headline"],
             )
         if summary["throughput_samples_per_second"]:
-            log.info("Training throughput: %.1f samples/s", summary["throughput_samples_per_second"])
+            log.info("Training throughput: %.4g samples/s", summary["throughput_samples_per_second"])
         log.info("Outputs of this run:")
         log.info("  log:         %s", self.run_dir / "out.log")
         log.info("  config:      %s", self.run_dir / "config.yaml")

@@ -7,7 +7,7 @@ the loop short and lets a feature be added without touching it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +31,22 @@ class EpochReport:
     validation: EvalSummary
     is_best: bool  # lowest validation loss so far
     is_last: bool  # the run's final epoch
+
+    def history_row(self, global_step: int) -> dict[str, Any]:
+        """The epoch's results as plain values (kept in checkpoints, plotted and written to summary.json)."""
+        validation = self.validation
+        return {
+            "epoch": self.epoch,
+            "global_step": global_step,
+            "train_loss": self.train_loss,
+            "val_loss": validation.loss,
+            "headline": validation.headline,
+            "headline_value": validation.scalars[validation.headline],
+            "baseline_loss": validation.baseline_scalars.get("loss"),
+            "baseline_headline": validation.baseline_scalars.get(validation.headline),
+            "train_seconds": self.train_seconds,
+            "samples_per_second": self.samples_per_second,
+        }
 
 
 class Observer:

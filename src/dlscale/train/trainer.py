@@ -121,20 +121,7 @@ class Trainer:
             is_best=is_best,
             is_last=p.epoch + 1 == s.plan.num_epochs,
         )
-        p.history.append(
-            {
-                "epoch": p.epoch + 1,
-                "global_step": p.global_step,
-                "train_loss": train_loss,
-                "val_loss": validation.loss,
-                "headline": validation.headline,
-                "headline_value": validation.scalars[validation.headline],
-                "baseline_loss": validation.baseline_scalars.get("loss"),
-                "baseline_headline": validation.baseline_scalars.get(validation.headline),
-                "train_seconds": seconds,
-                "samples_per_second": report.samples_per_second,
-            }
-        )
+        p.history.append(report.history_row(p.global_step))
         p.epoch += 1
         p.step_in_epoch = 0
         p.epoch_loss_sum = 0.0
