@@ -1,6 +1,6 @@
 # The two front doors of dlscale (see README):
 #   make demo   set up .venv, generate the synthetic ERA5 data set if missing, train the demo ViT
-#   make test   set up .venv with the test extras and run the whole suite
+#   make test   set up .venv with the test extras, check style (ruff) and run the whole suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,6 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.dlscale-installed
 DEMO_DATA ?= data/era5_demo
 DEMO_CONFIG ?= demo
+LINT_PATHS := $(wildcard src tests benchmarks scripts)
 
 .PHONY: demo test lint install clean-venv
 
@@ -28,12 +29,12 @@ demo: $(STAMP)
 	$(BIN)/dlscale data synth-era5 --out $(DEMO_DATA) --preset demo --if-missing
 	$(BIN)/dlscale train --yaml_config configs/vit_era5.yaml --config $(DEMO_CONFIG)
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -135,6 +135,14 @@ def test_config_info_and_version_commands():
 
 
 def test_console_script_is_installed():
+    from importlib import metadata
+
+    try:
+        metadata.distribution("dlscale")
+    except metadata.PackageNotFoundError:
+        pytest.skip(
+            "dlscale is not installed here (run from a checkout with PYTHONPATH=src): no console script"
+        )
     script = Path(sys.executable).parent / "dlscale"
     assert script.is_file()
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
