@@ -1,6 +1,7 @@
 """The ``dlscale`` command: parse arguments, then hand over to :mod:`dlscale.commands`.
 
 dlscale train --yaml_config configs/vit_era5.yaml --config short [--set optim.lr=1e-3] [tutorial flags]
+dlscale bench --yaml_config configs/vit_era5.yaml --config short [--sweep num_data_workers=0,2,4]
 dlscale data synth-era5 --out data/era5_demo --preset demo
 dlscale config --yaml_config configs/vit_era5.yaml --config short     # the resolved config
 dlscale info                                                           # versions and device
@@ -27,6 +28,12 @@ TUTORIAL_FLAGS: dict[str, str] = {
     "amp_mode": "train.amp_mode",
     "enable_fused": "optim.enable_fused",
     "enable_jit": "train.enable_jit",
+    "tf32": "train.tf32",
+    "cuda_graphs": "train.cuda_graphs",
+    "enable_benchy": "bench.enable_benchy",
+    "enable_manual_profiling": "profile.enable_manual_profiling",
+    "torch_profiler": "profile.torch_profiler",
+    "line_profile": "profile.line_profile",
     "data_loader_config": "loader.data_loader_config",
     "bucket_cap_mb": "parallel.bucket_cap_mb",
     "disable_broadcast_buffers": "parallel.disable_broadcast_buffers",
@@ -57,6 +64,20 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The tutorials' on/off switches: --flag switches on, --no-flag off (the tutorials could only switch on).
+TUTORIAL_SWITCHES: dict[str, str] = {
+    "enable_fused": "fused optimizer step (optim.enable_fused)",
+    "enable_jit": "torch.compile the model (train.enable_jit)",
+    "cuda_graphs": "capture the training step in a CUDA graph (train.cuda_graphs)",
+    "enable_benchy": "run IO/SYNTHETIC/FULL throughput trials instead of training (bench.enable_benchy)",
+    "enable_manual_profiling": "NVTX ranges and a cudaProfilerApi capture window for nsys (profile.*)",
+    "torch_profiler": "write a torch.profiler trace over a step window (profile.torch_profiler_*)",
+    "line_profile": "per-line timings of the training step (needs line_profiler)",
+    "disable_broadcast_buffers": "DDP: do not broadcast buffers every step (parallel.disable_broadcast_buffers)",
+    "noddp": "no gradient sync between ranks (parallel.noddp)",
+}
+
+
 def add_tutorial_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("the tutorials' flags (each sets one config key; see README)")
     group.add_argument("--run_num", help="run tag: outputs go to <expdir>/<config>/<run_num> (log.run_num)")
@@ -71,15 +92,16 @@ def add_tutorial_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--amp_mode", choices=["none", "fp16", "bf16"], help="mixed precision (train.amp_mode)"
     )
-    group.add_argument("--enable_fused", action=argparse.BooleanOptionalAction, help="fused optimizer step")
-    group.add_argument("--enable_jit", action=argparse.BooleanOptionalAction, help="torch.compile the model")
-    group.add_argument("--data_loader_config", choices=["pytorch", "gpu", "dali"], help="data pipeline")
+    group.add_argument(
+        "--data_loader_config",
+        choices=["pytorch", "gpu", "dali"],
+        help="data pipeline: pytorch DataLoader, or dlscale's threaded gpu pipeline (dali is an alias of gpu)",
+    )
+    group.add_argument("--tf32", choices=["on", "off"], help="TF32 tensor cores for fp32 math (train.tf32)")
+    for flag, help_text in TUTORIAL_SWITCHES.items():
+        group.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, help=help_text)
     group.add_argument(
         "--bucket_cap_mb", type=float, help="DDP gradient bucket size (parallel.bucket_cap_mb)"
-    )
-    group.add_argument("--disable_broadcast_buffers", action=argparse.BooleanOptionalAction, help="DDP knob")
-    group.add_argument(
-        "--noddp", action=argparse.BooleanOptionalAction, help="no gradient sync between ranks"
     )
     group.add_argument("--tensor_parallel", type=int, help="tensor-parallel size (parallel.tensor_parallel)")
     group.add_argument(
@@ -141,6 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(config)
     add_tutorial_flags(config)
     config.add_argument("--keys", action="store_true", help="list every config key with its type and default")
+
+    bench = commands.add_parser(
+        "bench", help="IO / SYNTHETIC / FULL throughput trials of a config, optionally swept over a key"
+    )
+    add_config_arguments(bench)
+    add_tutorial_flags(bench)
+    from dlscale.commands.bench import add_bench_arguments  # the bench command owns its options
+
+    add_bench_arguments(bench)
 
     commands.add_parser("info", help="versions and the device dlscale would train on")
     return parser

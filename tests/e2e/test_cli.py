@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from dlscale.train.checkpoint import load_checkpoint
 
@@ -111,7 +112,15 @@ def test_signal_saves_a_checkpoint_and_the_same_command_resumes(
     ("args", "message"),
     [
         (["--set", "optim.lrr=1"], "unknown key optim.lrr (did you mean 'lr'?)"),
-        (["--amp_mode", "bf16"], "train.amp_mode: 'bf16' is not available yet"),
+        (["--amp_mode", "fp8"], "argument --amp_mode: invalid choice: 'fp8'"),
+        pytest.param(
+            ["--cuda_graphs", "--tf32", "off"],
+            "train.cuda_graphs needs a CUDA GPU",
+            marks=pytest.mark.skipif(
+                torch.cuda.is_available(), reason="the refusal is for machines without a GPU"
+            ),
+        ),
+        (["--cuda_graphs", "--enable_jit"], "train.cuda_graphs: cannot be combined with enable_jit"),
         (["--config", "shortt"], "no config named 'shortt' (did you mean 'short'?)"),
         (["--set", "data.root=/nonexistent/era5"], "/nonexistent/era5/train"),
     ],

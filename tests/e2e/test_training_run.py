@@ -124,6 +124,8 @@ def test_same_seed_gives_the_same_run_and_another_seed_does_not(tiny_config, tmp
         pytest.param([11], [], id="after-last-step-before-validation"),
         pytest.param([5, 15], ["model.dropout=0.1"], id="twice-with-dropout"),
         pytest.param([7], ["loader.num_data_workers=2"], id="with-workers"),
+        pytest.param([6], ["train.amp_mode=fp16"], id="fp16-with-its-grad-scaler"),
+        pytest.param([4], ["loader.data_loader_config=gpu", "loader.num_data_workers=2"], id="gpu-pipeline"),
     ],
 )
 def test_interrupted_and_resumed_run_equals_uninterrupted_run_bitwise(
@@ -143,6 +145,7 @@ def test_interrupted_and_resumed_run_equals_uninterrupted_run_bitwise(
     assert actual["progress"]["completed"]
     assert_bitwise_equal(expected["model"], actual["model"], "model")
     assert_bitwise_equal(expected["optimizer"], actual["optimizer"], "optimizer")
+    assert expected["grad_scaler"] == actual["grad_scaler"]
     expected_history = [
         (r["epoch"], r["global_step"], r["val_loss"]) for r in expected["progress"]["history"]
     ]
@@ -150,6 +153,20 @@ def test_interrupted_and_resumed_run_equals_uninterrupted_run_bitwise(
     assert actual_history == expected_history
     for a, b in zip(expected["progress"]["history"], actual["progress"]["history"], strict=True):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-12)
+
+
+def test_the_gpu_pipeline_trains_exactly_like_the_pytorch_loader(tiny_config, tmp_path):
+    pytorch = tiny_config(expdir=tmp_path / "pytorch")
+    threaded = tiny_config(
+        "loader.data_loader_config=dali", "loader.num_data_workers=3", expdir=tmp_path / "gpu"
+    )
+    train(pytorch)
+    train(threaded)
+    expected, actual = final_state(pytorch), final_state(threaded)
+    assert_bitwise_equal(expected["model"], actual["model"], "model")
+    assert [r["val_loss"] for r in expected["progress"]["history"]] == [
+        r["val_loss"] for r in actual["progress"]["history"]
+    ]
 
 
 def test_crash_without_saving_resumes_from_the_last_periodic_checkpoint(tiny_config, tmp_path):

@@ -15,17 +15,10 @@ from dlscale.config.yaml_source import read_config_file
 from dlscale.errors import ConfigError, NotAvailableYet
 from dlscale.parallel.layout import ParallelConfig
 from dlscale.train.schedule import scaled_lr
-from dlscale.train.trainer import TrainConfig
 
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
-# Switch off every feature that a later dlscale version brings, so the [later] configs load.
-LATER_OFF = {
-    "train.amp_mode": "none",
-    "train.enable_jit": False,
-    "loader.data_loader_config": "pytorch",
-    "optim.enable_fused": False,
-}
-LATER_CONFIGS = {"short_opt", "opt", "mp", "mp_bs16", "mp_bs32", "mp_patch4"} | {
+# The tutorial's optimized configs: DALI-role loader, AMP fp16, compile, fused Adam.
+OPT_CONFIGS = {"short_opt", "opt", "mp", "mp_bs16", "mp_bs32", "mp_patch4"} | {
     f"bs{size}_opt" for size in (16, 32, 64, 128, 256, 512, 1024, 2048)
 }
 
@@ -233,12 +226,6 @@ def test_overrides_beat_flat_and_nested_file_values(tmp_path):
 @pytest.mark.parametrize(
     ("override", "key", "default"),
     [
-        ("train.amp_mode=fp16", "train.amp_mode", "'none'"),
-        ("train.amp_mode=bf16", "train.amp_mode", "'none'"),
-        ("train.enable_jit=true", "train.enable_jit", "False"),
-        ("train.cuda_graphs=true", "train.cuda_graphs", "False"),
-        ("loader.data_loader_config=gpu", "loader.data_loader_config", "'pytorch'"),
-        ("loader.data_loader_config=dali", "loader.data_loader_config", "'pytorch'"),
         ("parallel.tensor_parallel=2", "parallel.tensor_parallel", "1"),
         ("parallel.context_parallel=2", "parallel.context_parallel", "1"),
         ("parallel.noddp=true", "parallel.noddp", "False"),
@@ -256,8 +243,6 @@ def test_later_features_say_not_available_yet(tmp_path, override, key, default):
 
 
 def test_later_features_raise_not_available_yet_from_their_component():
-    with pytest.raises(NotAvailableYet, match="amp_mode"):
-        TrainConfig(amp_mode="bf16")
     with pytest.raises(NotAvailableYet, match="tensor_parallel"):
         ParallelConfig(tensor_parallel=2)
 
@@ -399,18 +384,21 @@ SHIPPED_NAMES = list(read_config_file(SHIPPED))
 
 
 def load_shipped(name: str):
-    return load_run_config(SHIPPED, name, [], LATER_OFF if name in LATER_CONFIGS else None)
+    return load_run_config(SHIPPED, name)
+
+
+def test_the_optimized_configs_switch_on_the_tutorials_ladder():
+    for name in OPT_CONFIGS:
+        cfg = load_shipped(name)
+        assert cfg.loader.pipeline == "gpu" and cfg.train.amp_mode == "fp16" and cfg.optim.enable_fused
 
 
 def test_the_later_configs_exist_in_the_shipped_file():
-    assert set(SHIPPED_NAMES) >= LATER_CONFIGS | {"base", "short", "demo", "tiny"}
+    assert set(SHIPPED_NAMES) >= OPT_CONFIGS | {"base", "short", "demo", "tiny"}
 
 
 @pytest.mark.parametrize("name", SHIPPED_NAMES)
 def test_every_shipped_config_loads(name):
-    if name in LATER_CONFIGS:
-        with pytest.raises(ConfigError, match="not available yet"):
-            load_run_config(SHIPPED, name)
     cfg = load_shipped(name)
     assert cfg.name == name and cfg.workload == "era5_vit"
 

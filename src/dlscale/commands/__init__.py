@@ -11,6 +11,10 @@ def run(args: argparse.Namespace) -> int:
         from dlscale.commands.train import run_train
 
         return run_train(args)
+    if args.command == "bench":
+        from dlscale.commands.bench import run_bench_command
+
+        return run_bench_command(args)
     if args.command == "data":
         from dlscale.commands.data import run_data
 

@@ -8,6 +8,8 @@ import logging
 from dlscale import __version__
 from dlscale.cli import tutorial_flag_values
 from dlscale.config import RunConfig, load_run_config
+from dlscale.perf.bench import run_benchmark
+from dlscale.perf.profile import build_profiling
 from dlscale.report.console import ConsoleReporter
 from dlscale.report.progress import ProgressReporter
 from dlscale.report.run_dir import run_directory, setup_logging
@@ -42,7 +44,7 @@ def train(
         log.info("Overrides: %s", " ".join(cfg.overrides))
     log.info("Run directory: %s", run_dir)
     device = Device.select(process.local_rank)
-    setup = build_training(cfg, run_dir, process, device)
+    setup = build_training(cfg, run_dir, process, device, resume=not cfg.bench.enable_benchy)
     if setup.progress.completed:
         log.info(
             "This run already finished (%d steps, checkpoint %s); nothing to train. Its results are in %s. "
@@ -52,12 +54,20 @@ def train(
             run_dir,
         )
         return 0
-    if process.is_main:
-        write_text_atomically(run_dir / "config.yaml", cfg.to_yaml())
     for line in describe_setup(setup):
         log.info("%s", line)
+    if cfg.bench.enable_benchy:
+        # The trials instead of training: no checkpoint or config.yaml of a training run is read or written.
+        run_benchmark(setup, run_dir)
+        return 0
+    if process.is_main:
+        write_text_atomically(run_dir / "config.yaml", cfg.to_yaml())
+    # Profilers attach on every rank (they decide themselves which ranks record).
+    setup.markers, profilers = build_profiling(cfg.profile, setup)
+    setup.step.markers = setup.markers
+    observers = build_observers(setup) + profilers + (extra_observers or [])
     with stop or StopRequest() as stop_request:
-        Trainer(setup, build_observers(setup) + (extra_observers or []), stop_request).fit()
+        Trainer(setup, observers, stop_request).fit()
     return 0
 
 

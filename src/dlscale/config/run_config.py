@@ -8,6 +8,7 @@ Layout of a config (see ``configs/vit_era5.yaml``)::
       data:   {...}            # owned by the workload's data reader
       model:  {...}            # owned by the workload's model
       loader: {...}  optim: {...}  train: {...}  checkpoint: {...}  log: {...}  parallel: {...}
+      profile: {...}  bench: {...}
 
 Every key has exactly one home, so a key may also be written *flat* at the top of a section, the way the
 tutorials' own YAML files are written (``lr: 5E-4`` means ``optim: {lr: 5E-4}``). An original tutorial
@@ -35,6 +36,8 @@ from dlscale.config.yaml_source import (
 from dlscale.data.loader import LoaderConfig
 from dlscale.errors import ConfigError
 from dlscale.parallel.layout import ParallelConfig
+from dlscale.perf.bench_config import BenchConfig
+from dlscale.perf.profile_config import ProfileConfig
 from dlscale.report.run_dir import LogConfig
 from dlscale.train.optim import OptimConfig
 from dlscale.train.resume import CheckpointConfig
@@ -50,6 +53,8 @@ GENERIC_SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointConfig,
     "log": LogConfig,
     "parallel": ParallelConfig,
+    "profile": ProfileConfig,
+    "bench": BenchConfig,
 }
 SECTION_ORDER = ("data", "model", *GENERIC_SECTIONS)
 
@@ -75,6 +80,8 @@ class RunConfig:
     checkpoint: CheckpointConfig
     log: LogConfig
     parallel: ParallelConfig
+    profile: ProfileConfig
+    bench: BenchConfig
     overrides: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ top-left (H, W) crop of `fields[t, :n_in]` and `fields[t + dt, :n_out]`, normali
 from __future__ import annotations
 
 import bisect
+import copy
 import logging
 import operator
 import os
@@ -34,6 +35,7 @@ from dlscale.data.era5_layout import (
     load_stats,
     scan_split,
 )
+from dlscale.data.gpu_pipeline import ChannelNormalizer
 from dlscale.errors import DataError
 
 __all__ = ["ERA5_CHANNELS", "ERA5DataConfig", "ERA5Dataset"]
@@ -127,12 +129,32 @@ class ERA5Dataset(Dataset):
         inp = np.asarray(inp, dtype=np.float32)
         tar = np.asarray(tar, dtype=np.float32)
         if self.normalize:
-            inp = (inp - self.means[:, None, None]) / self.stds[:, None, None]
-            tar = (tar - self.means[:n_out, None, None]) / self.stds[:n_out, None, None]
+            # In place: the arrays are fresh reads, and reusing them instead of allocating two more per sample
+            # makes the loader about 25% faster (measured by benchmarks/io_overhead.py).
+            inp -= self.means[:, None, None]
+            inp /= self.stds[:, None, None]
+            tar -= self.means[:n_out, None, None]
+            tar /= self.stds[:n_out, None, None]
         return (
             torch.from_numpy(np.ascontiguousarray(inp, dtype=np.float32)),
             torch.from_numpy(np.ascontiguousarray(tar, dtype=np.float32)),
         )
+
+    def device_normalization(self) -> tuple[ERA5Dataset, ChannelNormalizer | None]:
+        """A view of this split that reads raw (unnormalized) samples, and the normalizer of their batches.
+
+        The protocol of dlscale's gpu pipeline (``dlscale.data.gpu_pipeline.SupportsDeviceNormalization``),
+        which normalizes on the device: the normalizer applied to a stacked batch of the view's samples
+        gives, bitwise, the stacked samples of this data set. Without normalization, (self, None).
+        """
+        if not self.normalize:
+            return self, None
+        # copy.copy goes through __getstate__, so the view opens its own file handles.
+        raw = copy.copy(self)
+        raw.normalize = False
+        n_out = self.cfg.n_out_channels
+        normalizer = ChannelNormalizer(self.means, self.stds, self.means[:n_out], self.stds[:n_out])
+        return raw, normalizer
 
     def _fields(self, file_index: int) -> h5py.Dataset:
         """The `fields` dataset of one file, opened once per process."""

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from dlscale.errors import InvalidValue, NotAvailableYet
+from dlscale.errors import InvalidValue
 
 
 @dataclass
@@ -22,7 +22,9 @@ class LoaderConfig:
     )
     persistent_workers: bool = True  # keep workers alive between epochs (only with workers > 0)
     prefetch_factor: int | None = None  # batches each worker reads ahead; null = torch's default (2)
-    data_loader_config: Literal["pytorch", "gpu", "dali"] = "pytorch"  # the pipeline that reads the data
+    data_loader_config: Literal["pytorch", "gpu", "dali"] = "pytorch"  # pipeline; dali = dlscale's gpu one
+    prefetch_depth: int = 2  # gpu pipeline: batches read and copied ahead of the one being trained on
+    device_prefetch: bool = True  # pytorch pipeline: copy the next batch to the GPU while this one computes
     shuffle: bool = True  # shuffle the training samples each epoch (validation is read in order)
 
     def __post_init__(self) -> None:
@@ -30,13 +32,13 @@ class LoaderConfig:
             raise InvalidValue("num_data_workers", f"must be >= 0, got {self.num_data_workers}")
         if self.prefetch_factor is not None and self.prefetch_factor < 1:
             raise InvalidValue("prefetch_factor", f"must be >= 1 or null, got {self.prefetch_factor}")
-        if self.data_loader_config != "pytorch":
-            raise NotAvailableYet(
-                "data_loader_config",
-                self.data_loader_config,
-                "the GPU data pipeline (DALI's role)",
-                "pytorch",
-            )
+        if self.prefetch_depth < 1:
+            raise InvalidValue("prefetch_depth", f"must be >= 1, got {self.prefetch_depth}")
+
+    @property
+    def pipeline(self) -> str:
+        """The pipeline to build: "pytorch" or "gpu" ("dali" names the role dlscale's gpu pipeline plays)."""
+        return "gpu" if self.data_loader_config in ("gpu", "dali") else "pytorch"
 
 
 def _seed_worker(worker_id: int) -> None:

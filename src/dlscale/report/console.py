@@ -5,6 +5,8 @@ Time taken for epoch 2 is 54.986979 sec, avg 9.311295 samples/sec
   Avg train loss=0.391900
   Avg val loss=0.3769605755805969
   Total validation time: 4.2772088050842285 sec
+
+and after them dlscale's own: the workload's metrics, then TFLOP/s, MFU and peak memory.
 """
 
 from __future__ import annotations
@@ -34,3 +36,24 @@ class ConsoleReporter(Observer):
         log.info("  Total validation time: %s sec", report.validation.seconds)
         for line in report.validation.lines:
             log.info("%s", line)
+        performance = performance_line(report)
+        if performance:
+            log.info("%s", performance)
+
+
+def performance_line(report: EpochReport) -> str:
+    """'  Performance: 312.4 TFLOP/s per GPU, MFU 31.6%; peak memory 41.2 GB allocated, 44.0 GB reserved'."""
+    parts = []
+    if report.tflops_per_gpu is not None:
+        text = f"{report.tflops_per_gpu:.4g} TFLOP/s per GPU"
+        if report.mfu is not None:
+            text += f", MFU {100 * report.mfu:.1f}%"
+        parts.append(text)
+    memory = report.peak_memory_gb
+    if "allocated" in memory:
+        parts.append(
+            f"peak memory {memory['allocated']:.2f} GB allocated, {memory['reserved']:.2f} GB reserved"
+        )
+    elif "host_rss" in memory:
+        parts.append(f"peak host memory {memory['host_rss']:.2f} GB (process RSS)")
+    return "  Performance: " + "; ".join(parts) if parts else ""

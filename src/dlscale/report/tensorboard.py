@@ -3,7 +3,8 @@
 Tags: ``Loss/train``, ``Loss/valid``, ``RMSE(u10m)/valid`` (the workload's headline metric), ``Learning Rate``,
 ``Avg iters per sec``, ``Avg samples per sec``; and dlscale's own: every channel's metric
 (``RMSE/<channel>/valid``) and the baseline's (``.../persistence``), drawn as a reference line. The x-axis is
-the optimizer step, as in the tutorials.
+the optimizer step, as in the tutorials. Performance: ``Performance/TFLOPs per GPU``, ``Performance/MFU``
+and ``Memory/peak <allocated|reserved|host_rss> GB`` per epoch.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ class TensorBoardReporter(Observer):
         writer.add_scalar("Avg samples per sec", report.samples_per_second, step)
         for name, value in validation.scalars.items():
             writer.add_scalar(f"{name}/valid", value, step)
+        if report.tflops_per_gpu is not None:
+            writer.add_scalar("Performance/TFLOPs per GPU", report.tflops_per_gpu, step)
+        if report.mfu is not None:
+            writer.add_scalar("Performance/MFU", report.mfu, step)
+        for kind, gigabytes in report.peak_memory_gb.items():
+            writer.add_scalar(f"Memory/peak {kind} GB", gigabytes, step)
         if validation.baseline_name:
             for name, value in validation.baseline_scalars.items():
                 tag = "Loss" if name == "loss" else name

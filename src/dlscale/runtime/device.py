@@ -60,14 +60,57 @@ class Device:
             return torch.cuda.max_memory_allocated(self.torch) / 1024**3
         return None
 
-    def configure(self, deterministic: bool) -> None:
-        """Kernel choices: fast autotuned kernels by default, deterministic ones on request."""
+    def configure(self, deterministic: bool, tf32: bool = True) -> None:
+        """Kernel choices: fast autotuned kernels by default, deterministic ones on request; TF32 on or off.
+
+        TF32 runs fp32 matmuls and convolutions on tensor cores with a 10-bit mantissa (NVIDIA's containers
+        switch it on by default; the tutorial's pure-fp32 run needed NVIDIA_TF32_OVERRIDE=0). CPUs have no
+        TF32, so their fp32 math is left exactly as it is.
+        """
         if self.is_gpu:
             torch.backends.cudnn.benchmark = not deterministic
             torch.backends.cudnn.deterministic = deterministic
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.allow_tf32 = tf32
         if deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by deterministic cuBLAS
             torch.use_deterministic_algorithms(True)
+
+    def release_cached_memory(self) -> None:
+        """Give the caching allocator's free blocks back to the GPU (between benchmark runs)."""
+        if self.is_gpu:
+            torch.cuda.empty_cache()
+
+    def driver_version(self) -> str | None:
+        """The GPU driver version (through NVML, when nvidia-ml-py is installed); None on the CPU."""
+        if not self.is_gpu:
+            return None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                version = pynvml.nvmlSystemGetDriverVersion()
+            finally:
+                pynvml.nvmlShutdown()
+            return version.decode() if isinstance(version, bytes) else str(version)
+        except Exception:  # no NVML library or package: the version is a nice-to-have in reports
+            return None
+
+    def memory_peaks(self) -> dict[str, float]:
+        """Peak memory since the last :meth:`reset_peak_memory`, in GB.
+
+        On a GPU: ``allocated`` (by tensors) and ``reserved`` (by the caching allocator, what nvidia-smi sees).
+        On the CPU: ``host_rss``, the process's peak resident memory over its whole life (the OS cannot reset it).
+        """
+        if self.is_gpu:
+            return {
+                "allocated": torch.cuda.max_memory_allocated(self.torch) / 1024**3,
+                "reserved": torch.cuda.max_memory_reserved(self.torch) / 1024**3,
+            }
+        import resource
+
+        return {"host_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}  # KiB on Linux
 
     def __repr__(self) -> str:
         return f"Device({self.torch})"

@@ -54,7 +54,7 @@ def evaluate(
 
     ``predict`` (default: ``model``) maps inputs to predictions, so a precision or compile wrapper can be used.
     """
-    predict = predict or model
+    predict = model if predict is None else predict
     was_training = model.training
     model.eval()
     evaluator.reset()

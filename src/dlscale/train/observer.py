@@ -6,7 +6,7 @@ the loop short and lets a feature be added without touching it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +31,9 @@ class EpochReport:
     validation: EvalSummary
     is_best: bool  # lowest validation loss so far
     is_last: bool  # the run's final epoch
+    tflops_per_gpu: float | None = None  # achieved model TFLOP/s of one GPU over the epoch's steps
+    mfu: float | None = None  # model FLOPs utilization (0..1) of one GPU; None when the peak is unknown
+    peak_memory_gb: dict[str, float] = field(default_factory=dict)  # see Device.memory_peaks
 
     def history_row(self, global_step: int) -> dict[str, Any]:
         """The epoch's results as plain values (kept in checkpoints, plotted and written to summary.json)."""
@@ -46,6 +49,9 @@ class EpochReport:
             "baseline_headline": validation.baseline_scalars.get(validation.headline),
             "train_seconds": self.train_seconds,
             "samples_per_second": self.samples_per_second,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "peak_memory_gb": self.peak_memory_gb,
         }
 
 
@@ -57,6 +63,10 @@ class Observer:
 
     def on_epoch_start(self, trainer: Trainer) -> None:
         """Before an epoch's first step."""
+
+    def on_step_start(self, trainer: Trainer) -> None:
+        """Before each optimizer step, once its batch is on the device; ``trainer.progress.step_in_epoch``
+        is the 0-based index of the step about to run."""
 
     def on_step_end(self, trainer: Trainer, loss: torch.Tensor) -> None:
         """After each optimizer step; ``loss`` is a device tensor (calling ``.item()`` synchronizes)."""

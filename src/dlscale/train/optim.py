@@ -52,11 +52,19 @@ class OptimConfig:
 
 
 def build_optimizer(
-    cfg: OptimConfig, parameters: Iterable[torch.nn.Parameter], lr: float
+    cfg: OptimConfig, parameters: Iterable[torch.nn.Parameter], lr: float, capturable: bool = False
 ) -> torch.optim.Optimizer:
-    """The optimizer of ``cfg`` at learning rate ``lr`` (the already batch-scaled peak LR)."""
+    """The optimizer of ``cfg`` at learning rate ``lr`` (the already batch-scaled peak LR).
+
+    ``capturable`` (Adam and AdamW on a GPU) keeps the step count on the device and accepts a tensor LR,
+    so that the update can be recorded in a CUDA graph.
+    """
     params = list(parameters)
     fused = {"fused": True} if cfg.enable_fused else {}
+    if capturable:
+        if cfg.optimizer == "SGD":
+            raise ValueError("SGD has no capturable implementation; its update runs outside the CUDA graph")
+        fused["capturable"] = True
     if cfg.optimizer == "Adam":
         return torch.optim.Adam(
             params, lr=lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **fused

@@ -56,7 +56,15 @@ _EXPECTED_CHANGES = {
     "log.progress",
     "log.progress_interval_s",
     "loader.num_data_workers",
+    "loader.data_loader_config",
+    "loader.prefetch_depth",
+    "loader.prefetch_factor",
+    "loader.device_prefetch",
+    "loader.pin_memory",
+    "loader.persistent_workers",
 }
+# Whole sections that only observe a run: changing them between attempts is normal.
+_EXPECTED_CHANGED_SECTIONS = ("profile.", "bench.")
 
 
 def resume_source(cfg: CheckpointConfig, checkpoints: CheckpointDir) -> Path | None:
@@ -86,7 +94,7 @@ def training_payload(trainer: Trainer) -> dict[str, Any]:
         "model": setup.model.state_dict(),
         "optimizer": setup.optimizer.state_dict(),
         "scheduler": setup.schedule.state_dict(),
-        "grad_scaler": None,
+        "grad_scaler": setup.precision.state_dict(),
         "rng": capture_rng_state(),
         "progress": trainer.progress.to_dict(),
         "config": setup.config.to_dict(),
@@ -120,12 +128,8 @@ def restore_training(setup: TrainingSetup, path: Path) -> TrainProgress:
             "the data position and the LR schedule only carry over with the same global batch size"
         )
     load_model_state(setup.model, payload["model"], source)
-    try:
-        setup.optimizer.load_state_dict(payload["optimizer"])
-    except (ValueError, KeyError) as exc:
-        raise CheckpointError(
-            f"{source}: its optimizer state does not fit this run's optimizer: {exc}"
-        ) from None
+    load_optimizer_state(setup.optimizer, payload["optimizer"], source)
+    setup.precision.load_state_dict(payload.get("grad_scaler"))
     _warn_about_changes(payload.get("config", {}), setup.config.to_dict(), source)
     saved_schedule = payload.get("scheduler")
     if saved_schedule and saved_schedule != setup.schedule.state_dict():
@@ -137,11 +141,40 @@ def restore_training(setup: TrainingSetup, path: Path) -> TrainProgress:
     return progress
 
 
+# How the optimizer runs, not what it computes: these follow this run's config, not the checkpoint's.
+_EXECUTION_FLAGS = ("fused", "foreach", "capturable")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any], source: str) -> None:
+    """Load moments and step counts, but keep this run's execution flags.
+
+    ``Optimizer.load_state_dict`` takes every hyper-parameter of the saved param groups, including ``fused``
+    and ``capturable``: without this, a run resumed with ``--enable_fused`` or CUDA graphs would silently run
+    the way the checkpoint's run did.
+    """
+    flags = [{k: group[k] for k in _EXECUTION_FLAGS if k in group} for group in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(
+            f"{source}: its optimizer state does not fit this run's optimizer: {exc}"
+        ) from None
+    for group, own_flags in zip(optimizer.param_groups, flags, strict=True):
+        group.update(own_flags)
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        for param in group["params"]:
+            step = optimizer.state.get(param, {}).get("step")
+            if torch.is_tensor(step):
+                # Fused and capturable steps keep the count on the parameter's device; the others on the host.
+                device = param.device if on_device else torch.device("cpu")
+                optimizer.state[param]["step"] = step.to(device=device, dtype=torch.float32)
+
+
 def _warn_about_changes(saved: dict[str, Any], current: dict[str, Any], source: str) -> None:
     changes = [
         f"{key}: {old!r} -> {new!r}"
         for key, old, new in _flat_differences(saved, current)
-        if key not in _EXPECTED_CHANGES
+        if key not in _EXPECTED_CHANGES and not key.startswith(_EXPECTED_CHANGED_SECTIONS)
     ]
     if changes:
         log.warning("%s: resuming with a changed config (%s)", source, "; ".join(changes))

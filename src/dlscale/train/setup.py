@@ -12,21 +12,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from dlscale.config.run_config import RunConfig
-from dlscale.data.loader import build_loader
+from dlscale.data.pipeline import BatchSource, build_batch_source
 from dlscale.data.sampler import EvaluationSampler, TrainingSampler
 from dlscale.errors import ConfigError
+from dlscale.perf.flops import Utilization, compute_precision, training_flops_per_sample
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.runtime.rng import seed_everything
 from dlscale.train.checkpoint import CheckpointDir
+from dlscale.train.graphs import GraphedTrainStep, optimizer_is_capturable
 from dlscale.train.optim import build_optimizer
+from dlscale.train.precision import Precision
 from dlscale.train.progress import TrainProgress
 from dlscale.train.resume import restore_training, resume_source
 from dlscale.train.schedule import EpochPlan, LRSchedule, plan_epochs, scaled_lr
-from dlscale.train.step import TrainStep
+from dlscale.train.step import NO_MARKERS, TrainStep
 from dlscale.workloads import get_workload
 
 log = logging.getLogger("dlscale.train")
@@ -50,12 +52,16 @@ class TrainingSetup:
     global_batch_size: int
     local_batch_size: int
     train_sampler: TrainingSampler
-    train_loader: DataLoader
-    valid_loader: DataLoader
+    train_loader: BatchSource  # yields batches on the device (see dlscale.data.pipeline)
+    valid_loader: BatchSource
     evaluator: Any
     checkpoints: CheckpointDir
+    precision: Precision
+    predict: Any  # inputs -> fp32 predictions for validation (compiled and autocast like training)
     progress: TrainProgress = field(default_factory=TrainProgress)
     resumed_from: Path | None = None
+    utilization: Any = None  # dlscale.perf.flops.Utilization: TFLOP/s and MFU from samples/s (None: unknown)
+    markers: Any = NO_MARKERS  # named ranges (NVTX, profiler) around the loop's data, step and phases
 
 
 def batch_sizes(cfg: RunConfig, process: ProcessInfo) -> tuple[int, int]:
@@ -71,12 +77,19 @@ def batch_sizes(cfg: RunConfig, process: ProcessInfo) -> tuple[int, int]:
     return cfg.train.global_batch_size, cfg.train.global_batch_size // ranks
 
 
-def build_training(cfg: RunConfig, run_dir: Path, process: ProcessInfo, device: Device) -> TrainingSetup:
-    """Build the run from ``cfg`` and continue from its checkpoint if ``checkpoint.resume`` says so."""
+def build_training(
+    cfg: RunConfig, run_dir: Path, process: ProcessInfo, device: Device, resume: bool = True
+) -> TrainingSetup:
+    """Build the run from ``cfg`` and continue from its checkpoint if ``checkpoint.resume`` says so.
+
+    ``resume=False`` (throughput trials) never reads a checkpoint, whatever ``checkpoint.resume`` says.
+    """
     workload = get_workload(cfg.workload)
-    device.configure(cfg.train.deterministic)
+    check_device_support(cfg, device)
+    device.configure(cfg.train.deterministic, tf32=cfg.train.tf32)
     checkpoints = CheckpointDir(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
-    resume_from = resume_source(cfg.checkpoint, checkpoints)  # fails early, before reading any data
+    # Fails early, before reading any data.
+    resume_from = resume_source(cfg.checkpoint, checkpoints) if resume else None
     seed_everything(cfg.train.seed)
 
     datasets = workload.build_datasets(cfg.data)
@@ -89,20 +102,30 @@ def build_training(cfg: RunConfig, run_dir: Path, process: ProcessInfo, device: 
 
     model = workload.build_model(cfg.model, cfg.data).to(device.torch)
     peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_scaling, global_batch, cfg.optim.base_batch_size)
-    optimizer = build_optimizer(cfg.optim, model.parameters(), peak_lr)
+    graphed = cfg.train.cuda_graphs
+    capturable = graphed and optimizer_is_capturable(cfg.optim.optimizer, cfg.train.amp_mode)
+    optimizer = build_optimizer(cfg.optim, model.parameters(), peak_lr, capturable=capturable)
     schedule = LRSchedule(
         peak_lr, plan.total_steps, cfg.optim.warmup, cfg.optim.end_lr, cfg.optim.lr_schedule
     )
-    step = TrainStep(model, workload.loss, optimizer, schedule, cfg.optim.max_grad_norm)
+    precision = Precision(cfg.train.amp_mode, device)
+    forward = compile_model(model, cfg.train.compile_mode) if cfg.train.enable_jit else model
+    step_class, extra = (
+        (GraphedTrainStep, {"warmup_steps": cfg.train.graph_warmup_steps}) if graphed else (TrainStep, {})
+    )
+    step = step_class(
+        model, workload.loss, optimizer, schedule, cfg.optim.max_grad_norm, precision, forward, **extra
+    )
 
     sampler = TrainingSampler(
         len(train_set), global_batch, process.world_size, process.rank, cfg.loader.shuffle, cfg.train.seed
     )
-    pin = device.pin_memory_default
-    train_loader = build_loader(train_set, cfg.loader, local_batch, sampler, pin, seed=cfg.train.seed)
+    train_loader = build_batch_source(
+        train_set, cfg.loader, local_batch, sampler, device, seed=cfg.train.seed
+    )
     valid_sampler = EvaluationSampler(len(valid_set), process.world_size, process.rank)
-    valid_loader = build_loader(
-        valid_set, cfg.loader, local_batch, valid_sampler, pin, seed=cfg.train.seed + 1
+    valid_loader = build_batch_source(
+        valid_set, cfg.loader, local_batch, valid_sampler, device, seed=cfg.train.seed + 1
     )
 
     setup = TrainingSetup(
@@ -124,11 +147,59 @@ def build_training(cfg: RunConfig, run_dir: Path, process: ProcessInfo, device: 
         valid_loader=valid_loader,
         evaluator=workload.evaluator(valid_set, cfg.log.image_channel),
         checkpoints=checkpoints,
+        precision=precision,
+        predict=precision.wrap_inference(forward),
+        utilization=measure_utilization(workload, model, cfg, device, train_set),
     )
     if resume_from is not None:
         setup.progress = restore_training(setup, resume_from)  # restores the RNG last, right before training
         setup.resumed_from = resume_from
     return setup
+
+
+def measure_utilization(
+    workload: Any, model: torch.nn.Module, cfg: RunConfig, device: Device, train_set: Any
+) -> Utilization:
+    """FLOPs per training sample (analytic when the workload knows them, else counted) and the device's peak."""
+    if hasattr(workload, "forward_flops_per_sample"):
+        estimate = training_flops_per_sample(
+            model, None, workload.forward_flops_per_sample(cfg.model, cfg.data)
+        )
+    else:
+        sample_inputs = train_set[0][0].unsqueeze(0).to(device.torch)
+        estimate = training_flops_per_sample(model, sample_inputs)
+    log.debug("FLOPs per training sample: %s", estimate.detail)
+    precision = compute_precision(cfg.train.amp_mode, cfg.train.tf32 and device.is_gpu)  # CPUs have no TF32
+    return Utilization(estimate.flops, device.name, precision, warn_if_unknown=device.is_gpu)
+
+
+def check_device_support(cfg: RunConfig, device: Device) -> None:
+    """Refuse switches this device cannot honour, naming the switch (instead of silently running without it)."""
+    if cfg.train.cuda_graphs and not device.is_gpu:
+        raise ConfigError(
+            f"{cfg.source} [config {cfg.name!r}]: train.cuda_graphs needs a CUDA GPU, and this run is on "
+            f"{device.name}; switch it off (--no-cuda_graphs)"
+        )
+
+
+def compile_model(model: torch.nn.Module, mode: str) -> Any:
+    """``torch.compile`` of the model (the module itself keeps the parameters and the checkpoint keys)."""
+    log.info(
+        "Compiling the model with torch.compile (mode %s); the first steps include the compilation", mode
+    )
+    return torch.compile(model, mode=mode)
+
+
+def describe_execution(cfg: RunConfig) -> str:
+    """The speed switches of a run in one phrase, e.g. 'amp bf16, tf32 on, compiled, gpu pipeline (4 workers)'."""
+    train, loader = cfg.train, cfg.loader
+    parts = [f"amp {train.amp_mode}", f"tf32 {'on' if train.tf32 else 'off'}"]
+    if train.enable_jit:
+        parts.append(f"torch.compile ({train.compile_mode})")
+    if train.cuda_graphs:
+        parts.append("CUDA graphs")
+    parts.append(f"{loader.pipeline} data pipeline ({loader.num_data_workers} workers)")
+    return ", ".join(parts)
 
 
 def describe_setup(setup: TrainingSetup) -> list[str]:
@@ -151,7 +222,11 @@ def describe_setup(setup: TrainingSetup) -> list[str]:
         f"{setup.schedule.peak_lr:.3g}{lr_note}, {optim.lr_schedule} schedule, warmup {optim.warmup} steps",
         f"Batch: global {setup.global_batch_size} (local {setup.local_batch_size} x "
         f"{setup.process.world_size} rank(s)); {plan.explanation}",
+        f"Execution: {describe_execution(cfg)}",
     ]
+    if setup.utilization is not None:
+        u = setup.utilization
+        lines.append(f"FLOPs: {u.flops_per_sample / 1e9:.4g} GFLOP per training sample; {u.describe()}")
     if setup.resumed_from is not None:
         p = setup.progress
         lines.append(

@@ -1,22 +1,41 @@
 """One optimizer step: set the LR, forward, loss, backward, optional clipping, update.
 
-Kept apart from the loop so that faster ways of running the same step (mixed precision, compiled or
-graph-captured steps) replace this class without touching the loop.
+Kept apart from the loop so that faster ways of running the same step (a CUDA-graph-captured step, see
+:mod:`dlscale.train.graphs`) replace this class without touching the loop. Mixed precision and compilation
+are not separate step classes: the step runs ``forward`` (the model, or its compiled form) under the
+:class:`~dlscale.train.precision.Precision`'s autocast.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from dlscale.train.precision import Precision
 from dlscale.train.schedule import LRSchedule
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+class _NoMarkers:
+    """Named ranges that cost nothing (profiling off)."""
+
+    def range(self, name: str) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+NO_MARKERS = _NoMarkers()
+
+
 class TrainStep:
-    """Runs one training step on a batch that is already on the device; returns the loss (not synchronized)."""
+    """Runs one training step on a batch that is already on the device; returns the loss (not synchronized).
+
+    ``model`` owns the parameters; ``forward`` (default: the model) computes predictions and may be its
+    ``torch.compile``-d form. ``markers`` names the forward/backward/optimizer phases for profilers.
+    """
 
     def __init__(
         self,
@@ -25,21 +44,52 @@ class TrainStep:
         optimizer: torch.optim.Optimizer,
         schedule: LRSchedule,
         max_grad_norm: float | None = None,
+        precision: Precision | None = None,
+        forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        markers: Any = NO_MARKERS,
     ):
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.schedule = schedule
         self.max_grad_norm = max_grad_norm
+        self.precision = precision or Precision("none", _device_of(model))
+        self.forward = model if forward is None else forward
+        self.markers = markers
 
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor, global_step: int) -> torch.Tensor:
+    def set_lr(self, global_step: int) -> None:
         lr = self.schedule.lr_at(global_step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor, global_step: int) -> torch.Tensor:
+        self.set_lr(global_step)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model(inputs), targets)
-        loss.backward()
-        if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self.optimizer.step()
+        loss = self.forward_backward(inputs, targets)
+        self.update()
         return loss.detach()
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward under autocast, the loss in fp32, and backward (scaled under fp16); returns the loss."""
+        with self.markers.range("forward"):
+            with self.precision.autocast():
+                predictions = self.forward(inputs)
+            loss = self.loss_fn(predictions.float(), targets)
+        with self.markers.range("backward"):
+            self.precision.backward(loss)
+        return loss
+
+    def update(self) -> None:
+        """Unscale (fp16), clip, and apply the gradients."""
+        with self.markers.range("optimizer"):
+            self.precision.unscale(self.optimizer)
+            if self.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+            self.precision.step(self.optimizer)
+
+
+def _device_of(model: torch.nn.Module):
+    from dlscale.runtime.device import Device
+
+    parameter = next(model.parameters(), None)
+    return Device(parameter.device if parameter is not None else "cpu")

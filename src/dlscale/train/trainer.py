@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from dlscale.errors import InvalidValue, NotAvailableYet
+from dlscale.errors import InvalidValue
 from dlscale.runtime.signals import StopRequest
 from dlscale.train.evaluate import evaluate
 from dlscale.train.observer import EpochReport, Observer
@@ -32,9 +32,16 @@ class TrainConfig:
     num_iters: int | None = 30000  # optimizer steps; the run trains num_iters // steps_per_epoch whole epochs
     num_epochs: int | None = None  # when set, wins over num_iters
     seed: int = 0  # model init, data order and dropout; the same seed and config give the same losses
-    amp_mode: Literal["none", "fp16", "bf16"] = "none"  # mixed precision
+    amp_mode: Literal["none", "fp16", "bf16"] = "none"  # mixed precision (autocast; fp16 adds a GradScaler)
+    tf32: bool = (
+        True  # TF32 tensor cores for fp32 matmuls and convolutions on GPUs (as in NVIDIA's containers)
+    )
     enable_jit: bool = False  # compile the model with torch.compile
-    cuda_graphs: bool = False  # capture the training step in a CUDA graph
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = (
+        "default"  # torch.compile's mode when enable_jit is on
+    )
+    cuda_graphs: bool = False  # capture forward + loss + backward (and the optimizer step) in a CUDA graph
+    graph_warmup_steps: int = 20  # eager steps on a side stream before capture (the tutorial uses 20)
     deterministic: bool = False  # deterministic kernels on GPUs (slower); CPU runs are deterministic anyway
 
     def __post_init__(self) -> None:
@@ -44,12 +51,14 @@ class TrainConfig:
                 raise InvalidValue(name, f"must be >= 1, got {value}")
         if self.num_iters is None and self.num_epochs is None:
             raise InvalidValue("num_iters", "set num_iters or num_epochs (both are null)")
-        if self.amp_mode != "none":
-            raise NotAvailableYet("amp_mode", self.amp_mode, "mixed precision (AMP fp16/bf16)", "none")
-        if self.enable_jit:
-            raise NotAvailableYet("enable_jit", True, "torch.compile", False)
-        if self.cuda_graphs:
-            raise NotAvailableYet("cuda_graphs", True, "CUDA graph capture", False)
+        if self.graph_warmup_steps < 1:
+            raise InvalidValue("graph_warmup_steps", f"must be >= 1, got {self.graph_warmup_steps}")
+        if self.cuda_graphs and self.enable_jit:
+            raise InvalidValue(
+                "cuda_graphs",
+                "cannot be combined with enable_jit: a compiled model brings its own CUDA graphs, so use "
+                "enable_jit with compile_mode: reduce-overhead instead (or switch one of them off)",
+            )
 
 
 class Trainer:
@@ -82,11 +91,19 @@ class Trainer:
         last_step = s.plan.steps_in_epoch(p.epoch)
         s.train_sampler.set_epoch(p.epoch, start_step=p.step_in_epoch)
         s.model.train()
+        s.device.reset_peak_memory()
         s.device.synchronize()
         started, steps = time.perf_counter(), 0
         if p.step_in_epoch < last_step:
-            for inputs, targets in s.train_loader:
-                loss = s.step(s.device.move(inputs), s.device.move(targets), p.global_step)
+            batches = iter(s.train_loader)
+            while True:
+                with s.markers.range("data"):
+                    batch = next(batches, None)
+                if batch is None:
+                    break
+                self._notify("on_step_start")
+                with s.markers.range(f"step {p.global_step}"):
+                    loss = s.step(s.device.move(batch[0]), s.device.move(batch[1]), p.global_step)
                 self._pending_loss = (
                     loss.double() if self._pending_loss is None else self._pending_loss + loss
                 )
@@ -97,6 +114,7 @@ class Trainer:
                 self._notify("on_step_end", loss)
                 if p.step_in_epoch >= last_step or self.stop.requested:
                     break
+            del batches  # an unfinished pass stops its reader threads or workers now
         s.device.synchronize()
         return steps, time.perf_counter() - started
 
@@ -105,21 +123,27 @@ class Trainer:
         s, p = self.setup, self.progress
         self.flush_loss()
         train_loss = p.epoch_loss_sum / max(p.step_in_epoch, 1)
-        validation = evaluate(s.model, s.valid_loader, s.evaluator, s.device)
+        validation = evaluate(s.model, s.valid_loader, s.evaluator, s.device, s.predict)
         is_best = p.best_val_loss is None or validation.loss < p.best_val_loss
         if is_best:
             p.best_val_loss, p.best_epoch = validation.loss, p.epoch + 1
+        samples_per_second = steps * s.global_batch_size / seconds if steps and seconds > 0 else 0.0
+        per_gpu = samples_per_second / s.process.world_size
+        utilization = s.utilization
         report = EpochReport(
             epoch=p.epoch + 1,
             steps=steps,
             train_seconds=seconds,
-            samples_per_second=steps * s.global_batch_size / seconds if steps and seconds > 0 else 0.0,
+            samples_per_second=samples_per_second,
             iterations_per_second=steps / seconds if steps and seconds > 0 else 0.0,
             train_loss=train_loss,
             learning_rate=s.schedule.lr_at(max(p.global_step - 1, 0)),
             validation=validation,
             is_best=is_best,
             is_last=p.epoch + 1 == s.plan.num_epochs,
+            tflops_per_gpu=utilization.tflops(per_gpu) if utilization and steps else None,
+            mfu=utilization.mfu(per_gpu) if utilization and steps else None,
+            peak_memory_gb=s.device.memory_peaks(),
         )
         p.history.append(report.history_row(p.global_step))
         p.epoch += 1

@@ -6,6 +6,8 @@ Each workload is a module in this package exposing ``WORKLOAD``, an object with:
 * ``build_datasets(data_cfg)`` -> ``{"train": Dataset, "valid": Dataset}``;
 * ``build_model(model_cfg, data_cfg)`` -> ``torch.nn.Module`` (plain torch, no parallelism);
 * ``loss(prediction, target)`` -> scalar tensor;
+* optionally ``forward_flops_per_sample(model_cfg, data_cfg)`` -> analytic forward FLOPs of one sample (without
+  it, TFLOP/s and MFU come from counting one forward + backward with ``torch.utils.flop_counter``);
 * ``evaluator(valid_dataset)`` -> an object with ``reset()``, ``update(inputs, targets, predictions)``,
   ``summary()`` (see :mod:`dlscale.train.evaluate`).
 

@@ -13,7 +13,7 @@ import torch
 from dlscale.config.suggest import did_you_mean
 from dlscale.data.era5 import ERA5DataConfig, ERA5Dataset
 from dlscale.errors import ConfigError
-from dlscale.models.vit import VisionTransformer, ViTConfig, count_parameters
+from dlscale.models.vit import VisionTransformer, ViTConfig, count_parameters, vit_flops_per_sample
 from dlscale.train.evaluate import EvalSummary, ExampleImage
 from dlscale.train.metrics import (
     MetricSums,
@@ -118,6 +118,12 @@ class ERA5ViT:
 
     def build_model(self, model_cfg: ViTConfig, data_cfg: ERA5DataConfig) -> VisionTransformer:
         return VisionTransformer(
+            model_cfg, data_cfg.img_size, data_cfg.n_in_channels, data_cfg.n_out_channels
+        )
+
+    def forward_flops_per_sample(self, model_cfg: ViTConfig, data_cfg: ERA5DataConfig) -> int:
+        """Analytic forward FLOPs of one sample (matmuls and attention), for TFLOP/s and MFU."""
+        return vit_flops_per_sample(
             model_cfg, data_cfg.img_size, data_cfg.n_in_channels, data_cfg.n_out_channels
         )
 

@@ -1,0 +1,424 @@
+"""The ``gpu`` data pipeline (``loader.data_loader_config: gpu``, or ``dali``, the role it plays).
+
+Reader threads, not processes, fill a ring of ``prefetch_depth`` page-locked host batches in sampler order;
+each batch is copied to the device on a side stream while the previous step computes, and normalized there.
+
+Threads and streams:
+
+* The batches of sample indices come from ``BatchSampler(sampler, batch_size, drop_last=False)``, taken when a
+  pass starts, so order, sharding, mid-epoch resume (``set_epoch(epoch, start_step)``) and the short last batch
+  are exactly those of the pytorch loader over the same sampler.
+* Batch k is read into ring slot ``k % prefetch_depth``; every sample is one task for a pool of reader threads,
+  so the samples of one batch are read in parallel, and up to ``prefetch_depth`` batches are read ahead.
+* The consumer's thread waits for batch k to be complete, queues its copy to the device and its normalization
+  on the side stream, then hands slot k's reads of batch ``k + prefetch_depth`` to the readers. Those first
+  wait on the copy's event: a slot is never overwritten while its copy is in flight.
+* When batch k+1 is already read, its copy is queued before batch k is returned, so it overlaps the compute of
+  batch k even when the training loop synchronizes every step. The compute stream (not the host) waits for a
+  batch's copy when the consumer receives it.
+* A pass's threads stop at the end of the pass, when the consumer stops early (the iterator is closed or
+  dropped), when the next pass starts, and at interpreter exit. A reader's exception is raised, unchanged,
+  in the consumer when it reaches the batch that failed.
+
+On the CPU the same code runs with plain buffers, clones for copies and no waits, and yields batches that are
+bitwise equal to the pytorch loader's.
+
+HDF5 reads hold h5py's global lock, so threads overlap the reads with the copies into the ring, conversion and
+compute rather than with each other; for read-bound runs the pytorch loader's worker processes scale further.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, Dataset, Sampler
+
+from dlscale.runtime.device import Device
+from dlscale.runtime.transfer import CopyStream, HostFence, Transfer, host_buffer
+
+READER_THREAD_PREFIX = "dlscale-reader"
+
+# How often a consumer waiting for a batch checks that its readers are still alive (seconds).
+_LIVENESS_CHECK_S = 1.0
+
+
+class BatchNormalizer(Protocol):
+    """Turns a batch of raw (inputs, targets) device tensors into what the data set's ``__getitem__`` gives."""
+
+    def to(self, device: torch.device) -> BatchNormalizer:
+        """This normalizer with its statistics on ``device``."""
+        ...
+
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalize a batch; may work in place (the pipeline passes tensors it owns)."""
+        ...
+
+
+@runtime_checkable
+class SupportsDeviceNormalization(Protocol):
+    """A data set whose normalization the gpu pipeline can move onto the device.
+
+    ``device_normalization()`` returns ``(raw, normalizer)``: ``raw`` is a data set with the same indices whose
+    samples are not normalized, and ``normalizer(inputs, targets)`` applied to stacked batches of ``raw``'s
+    samples gives exactly the stacked samples of the data set itself. ``normalizer`` is None when the data
+    set does not normalize (``raw`` is then read as it is). Data sets without the method are read through
+    their own ``__getitem__``, normalized on the host by the reader threads.
+    """
+
+    def device_normalization(self) -> tuple[Dataset, BatchNormalizer | None]: ...
+
+
+class ChannelNormalizer:
+    """Per-channel ``(x - mean) / std`` of (batch, channel, ...) tensors, in float32, in place.
+
+    Statistics are float32 tensors shaped (C, 1, 1). Subtraction then division, each rounded to float32, is
+    exactly what numpy computes for float32 arrays, so the result is bitwise equal to host normalization.
+    """
+
+    def __init__(
+        self,
+        input_means: np.ndarray | torch.Tensor,
+        input_stds: np.ndarray | torch.Tensor,
+        target_means: np.ndarray | torch.Tensor,
+        target_stds: np.ndarray | torch.Tensor,
+    ):
+        self.input_means = _channel_stat(input_means)
+        self.input_stds = _channel_stat(input_stds)
+        self.target_means = _channel_stat(target_means)
+        self.target_stds = _channel_stat(target_stds)
+
+    def to(self, device: torch.device) -> ChannelNormalizer:
+        """A copy with its statistics on ``device``."""
+        stats = (self.input_means, self.input_stds, self.target_means, self.target_stds)
+        return ChannelNormalizer(*(stat.to(device) for stat in stats))
+
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalize the batch in place and return it."""
+        inputs.sub_(self.input_means).div_(self.input_stds)
+        targets.sub_(self.target_means).div_(self.target_stds)
+        return inputs, targets
+
+    def __repr__(self) -> str:
+        return (
+            f"ChannelNormalizer(inputs={self.input_means.shape[0]} channels, "
+            f"targets={self.target_means.shape[0]} channels, device={self.input_means.device})"
+        )
+
+
+def _channel_stat(values: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """1-D statistics as a float32 (C, 1, 1) tensor that broadcasts over (batch, C, H, W)."""
+    tensor = torch.as_tensor(values, dtype=torch.float32).detach().clone()
+    return tensor.reshape(-1, 1, 1)
+
+
+class _Slot:
+    """One batch-sized pair of host buffers of the ring, and the fence of the last copy that read them."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
+        self.inputs = inputs
+        self.targets = targets
+        self.last_copy = HostFence()
+
+    def write(self, position: int, index: int, sample: Sequence[Any]) -> None:
+        """Store sample ``index`` at row ``position``, refusing samples unlike the first one."""
+        if len(sample) != 2:
+            raise ValueError(f"sample {index} has {len(sample)} items, expected (inputs, targets)")
+        for name, buffer, value in (("inputs", self.inputs, sample[0]), ("targets", self.targets, sample[1])):
+            value = torch.as_tensor(value)
+            if value.shape != buffer.shape[1:] or value.dtype != buffer.dtype:
+                raise ValueError(
+                    f"sample {index}: {name} has shape {tuple(value.shape)} and dtype {value.dtype}, but "
+                    f"the first sample had {tuple(buffer.shape[1:])} and {buffer.dtype}; "
+                    "the gpu pipeline needs samples of one shape and dtype"
+                )
+            buffer[position].copy_(value)
+
+
+@dataclass(frozen=True)
+class _ReadTask:
+    batch_number: int
+    position: int
+    index: int
+    slot: _Slot
+    slot_free: HostFence
+
+
+class _Readers:
+    """The reader threads of one pass and what they report: which batches are complete, and failures.
+
+    Deliberately knows nothing of the pass iterator: the threads reference this object only, so dropping the
+    iterator can garbage-collect it and run its finalizer, which stops them.
+    """
+
+    def __init__(self, dataset: Dataset, num_threads: int):
+        self._dataset = dataset
+        self._tasks: queue.SimpleQueue[_ReadTask | None] = queue.SimpleQueue()
+        self._condition = threading.Condition()
+        self._remaining: dict[int, int] = {}  # batch number -> samples still to read
+        self._failures: dict[int, BaseException] = {}
+        self._stopping = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{READER_THREAD_PREFIX}-{i}", daemon=True)
+            for i in range(num_threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def read_batch(
+        self, batch_number: int, indices: Sequence[int], slot: _Slot, slot_free: HostFence
+    ) -> None:
+        """Queue the reads of one batch into ``slot``, to start once ``slot_free`` says its last copy is done."""
+        with self._condition:
+            self._remaining[batch_number] = len(indices)
+        for position, index in enumerate(indices):
+            self._tasks.put(_ReadTask(batch_number, position, index, slot, slot_free))
+
+    def is_ready(self, batch_number: int) -> bool:
+        """Whether the batch is completely read (False if a read of it failed)."""
+        with self._condition:
+            return self._remaining.get(batch_number) == 0 and batch_number not in self._failures
+
+    def wait_for(self, batch_number: int) -> None:
+        """Block until the batch is read; raise the exception of a failed read of it as it was raised."""
+        with self._condition:
+            while True:
+                failure = self._failures.get(batch_number)
+                if failure is not None:
+                    raise failure
+                if batch_number not in self._remaining:
+                    # A bug in the pass, not in the data: fail loudly rather than wait forever.
+                    raise RuntimeError(f"batch {batch_number} was never queued for reading")
+                if self._remaining.get(batch_number) == 0:
+                    del self._remaining[batch_number]
+                    return
+                if not self._condition.wait(_LIVENESS_CHECK_S) and not self.alive:
+                    raise RuntimeError(f"the reader threads stopped before batch {batch_number} was read")
+
+    @property
+    def alive(self) -> bool:
+        return any(thread.is_alive() for thread in self._threads)
+
+    def shutdown(self) -> None:
+        """Stop the threads: queued reads are skipped, a read in progress finishes first. Idempotent."""
+        self._stopping.set()
+        for _ in self._threads:
+            self._tasks.put(None)
+        current = threading.current_thread()
+        for thread in self._threads:
+            # A reader can end up here itself if the garbage collector runs the finalizer on its thread.
+            if thread is not current:
+                thread.join()
+
+    def _work(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            if self._stopping.is_set():
+                continue
+            try:
+                task.slot_free.wait()
+                sample = self._dataset[task.index]
+                task.slot.write(task.position, task.index, sample)
+            except BaseException as exc:  # every failure must reach the consumer, not end the thread
+                with self._condition:
+                    self._failures.setdefault(task.batch_number, exc)
+                    self._condition.notify_all()
+                continue
+            with self._condition:
+                self._remaining[task.batch_number] -= 1
+                if self._remaining[task.batch_number] == 0:
+                    self._condition.notify_all()
+
+
+class _Pass(Iterator[tuple[torch.Tensor, torch.Tensor]]):
+    """One pass over the batches: owns the reader threads and stops them when closed or dropped."""
+
+    def __init__(
+        self,
+        batches: list[list[int]],
+        slots: list[_Slot],
+        readers: _Readers,
+        copy_stream: CopyStream,
+        normalizer: BatchNormalizer | None,
+    ):
+        self._batches = batches
+        self._slots = slots
+        self._readers = readers
+        self._copy_stream = copy_stream
+        self._normalizer = normalizer
+        self._next_batch = 0
+        self._staged: tuple[int, Transfer] | None = None
+        # Runs readers.shutdown once: on close(), when this iterator is garbage-collected, or at exit.
+        self._finalizer = weakref.finalize(self, readers.shutdown)
+        for batch_number in range(min(len(slots), len(batches))):
+            slot = slots[batch_number]
+            readers.read_batch(batch_number, batches[batch_number], slot, slot.last_copy)
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        batch_number = self._next_batch
+        if batch_number >= len(self._batches) or not self._finalizer.alive:
+            self.close()
+            raise StopIteration
+        try:
+            if self._staged is not None and self._staged[0] == batch_number:
+                transfer = self._staged[1]
+            else:
+                transfer = self._stage(batch_number)
+            self._staged = None
+            following = batch_number + 1
+            if following < len(self._batches) and self._readers.is_ready(following):
+                self._staged = (following, self._stage(following))
+            self._next_batch = following
+            inputs, targets = transfer.ready()
+        except BaseException:
+            self.close()
+            raise
+        return inputs, targets
+
+    def _stage(self, batch_number: int) -> Transfer:
+        """Wait for a batch's reads, queue its copy and normalization, and hand its slot to a later batch."""
+        self._readers.wait_for(batch_number)
+        slot = self._slots[batch_number % len(self._slots)]
+        size = len(self._batches[batch_number])
+        transfer = self._copy_stream.to_device(
+            (slot.inputs[:size], slot.targets[:size]), finish=self._normalizer, host_memory_reused=True
+        )
+        slot.last_copy = transfer.fence
+        later = batch_number + len(self._slots)
+        if later < len(self._batches):
+            self._readers.read_batch(later, self._batches[later], slot, transfer.fence)
+        return transfer
+
+    def close(self) -> None:
+        """Stop this pass's reader threads (waiting for reads in progress); later ``next()`` calls stop."""
+        self._staged = None
+        self._finalizer()
+
+
+class GpuPipeline:
+    """Batches of ``dataset`` in ``sampler`` order, read by threads and delivered on ``device``.
+
+    Args:
+        dataset: a map-style data set of (inputs, targets) samples of fixed shapes; if it implements
+            :class:`SupportsDeviceNormalization`, raw samples are read and normalized on the device.
+        sampler: the indices of one pass, e.g. a TrainingSampler (its ``set_epoch`` applies to the next pass).
+        batch_size: samples per batch; the last batch of a pass may be shorter.
+        device: where batches are delivered (and normalized).
+        num_threads: reader threads; ``num_data_workers: 0`` maps to 1, because reading in the consumer's
+            thread would serialize reading with the training step, and a thread costs nothing to start.
+        prefetch_depth: host batches in the ring, i.e. batches read ahead of the one being copied.
+        pin_memory: page-locked ring buffers (None = when the device is a GPU).
+
+    Iterating starts a pass from the sampler's current state (and stops a previous pass still running).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        sampler: Sampler[int],
+        batch_size: int,
+        device: Device,
+        num_threads: int = 1,
+        prefetch_depth: int = 2,
+        pin_memory: bool | None = None,
+    ):
+        if batch_size < 1 or num_threads < 1 or prefetch_depth < 1:
+            raise ValueError(
+                f"need batch_size, num_threads and prefetch_depth >= 1, got {batch_size}, {num_threads}, "
+                f"{prefetch_depth}"
+            )
+        self.dataset = dataset
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.device = device
+        self.num_threads = num_threads
+        self.prefetch_depth = prefetch_depth
+        self.pin_memory = pin_memory
+        if isinstance(dataset, SupportsDeviceNormalization):
+            self._source, host_normalizer = dataset.device_normalization()
+        else:
+            self._source, host_normalizer = dataset, None
+        self._host_normalizer = host_normalizer
+        # Made on first iteration, so that building the pipeline reads nothing and touches no GPU.
+        self._copy_stream: CopyStream | None = None
+        self._normalizer: BatchNormalizer | None = None
+        self._slots: list[_Slot] = []
+        self._active: weakref.ref[_Pass] | None = None
+
+    @property
+    def normalizes_on_device(self) -> bool:
+        """Whether normalization runs on the device (the data set implements the protocol)."""
+        return self._host_normalizer is not None
+
+    @property
+    def pinned(self) -> bool | None:
+        """Whether the ring's host buffers are page-locked (None before the first pass allocates them)."""
+        return self._slots[0].inputs.is_pinned() if self._slots else None
+
+    def __len__(self) -> int:
+        return len(BatchSampler(self.sampler, self.batch_size, drop_last=False))
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.close()  # two passes would fill the same ring
+        batches = list(BatchSampler(self.sampler, self.batch_size, drop_last=False))
+        if not batches:
+            return iter(())
+        self._prepare(batches[0][0])
+        assert self._copy_stream is not None
+        readers = _Readers(self._source, self.num_threads)
+        active = _Pass(batches, self._slots, readers, self._copy_stream, self._normalizer)
+        self._active = weakref.ref(active)
+        return active
+
+    def close(self) -> None:
+        """Stop the pass in progress, if any, and its threads. The pipeline can be iterated again."""
+        active = self._active() if self._active is not None else None
+        if active is not None:
+            active.close()
+        self._active = None
+
+    def _prepare(self, first_index: int) -> None:
+        """Create the copy stream, the device normalizer and the ring, the latter shaped like one sample.
+
+        They outlive this pass, and the first pass may run inside ``torch.inference_mode`` (validation):
+        tensors made there could never again be written outside it (by the reader threads, which do not
+        inherit the mode, or by a training pass), so they are made in normal mode.
+        """
+        with torch.inference_mode(False):
+            self._prepare_persistent_state(first_index)
+
+    def _prepare_persistent_state(self, first_index: int) -> None:
+        if self._copy_stream is None:
+            self._copy_stream = CopyStream(self.device)
+            if self._host_normalizer is not None:
+                # On the side stream: the copies that use the statistics are then ordered after their move.
+                with self._copy_stream.on_side_stream():
+                    self._normalizer = self._host_normalizer.to(self.device.torch)
+        if self._slots:
+            return
+        sample = self._source[first_index]
+        if len(sample) != 2:
+            raise ValueError(f"sample {first_index} has {len(sample)} items, expected (inputs, targets)")
+        inputs, targets = (torch.as_tensor(item) for item in sample)
+        self._slots = [
+            _Slot(
+                host_buffer((self.batch_size, *inputs.shape), inputs.dtype, self.device, self.pin_memory),
+                host_buffer((self.batch_size, *targets.shape), targets.dtype, self.device, self.pin_memory),
+            )
+            for _ in range(self.prefetch_depth)
+        ]
+
+    def __repr__(self) -> str:
+        return (
+            f"GpuPipeline({len(self)} batches of {self.batch_size}, device={self.device.torch}, "
+            f"threads={self.num_threads}, prefetch_depth={self.prefetch_depth}, "
+            f"normalize_on_device={self.normalizes_on_device})"
+        )

@@ -1,0 +1,1 @@
+"""Measurements: throughput trials, profiling, FLOPs and MFU."""

@@ -1,0 +1,258 @@
+"""benchy's throughput trials (IO, SYNTHETIC, FULL), as an explicit driver over a built training setup.
+
+The tests, their trials and their output lines are those of romerojosh/benchy:
+
+* IO: each trial drains ``nbatches`` batches from the training loader; no compute.
+* SYNTHETIC: one real batch is fetched (untimed) and kept on the device; each trial runs ``nbatches + 1``
+  training steps on it, the first untimed. No I/O at all, so this is the model's own speed.
+* FULL: each trial runs ``nbatches`` training steps on fresh batches, exactly as training does.
+
+Each test runs ``nwarmup`` unrecorded trials, then ``ntrials`` recorded ones. Timing synchronizes the device
+(and, optionally, all ranks) at the first timed point and after each iteration, so queued GPU work is inside
+the interval it belongs to. Throughputs are global samples/s: local batch x world size per iteration.
+
+Unlike benchy, nothing here hijacks the DataLoader or exits the process: :func:`run_benchmark` returns its
+results, and every rank runs the same number of steps, so it works unchanged under DDP. Only rank 0 prints
+and writes files (benchy's rule); the verdict is drawn from rank 0's timings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed
+
+from dlscale.errors import DataError
+from dlscale.perf.bench_config import BenchConfig
+from dlscale.perf.bench_report import (
+    TrialSeries,
+    Verdict,
+    build_record,
+    decide_bottleneck,
+    mean_throughputs,
+    summary_lines,
+    utilization_line,
+    utilization_numbers,
+)
+from dlscale.runtime.atomic_files import write_text_atomically
+
+log = logging.getLogger("dlscale.bench")
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class BenchResults:
+    """The recorded trials of the tests that ran, and what they mean."""
+
+    tests: dict[str, TrialSeries]  # "IO", "SYNTHETIC", "FULL" (only those that ran)
+    nranks: int
+    verdict: Verdict
+    utilization: dict[str, dict[str, float | None]]  # SYNTHETIC/FULL -> tflops_per_gpu, mfu (empty: unknown)
+    record: dict[str, Any]  # the JSON document
+    output_path: Path | None  # where rank 0 wrote it (None on other ranks)
+
+    def mean(self, name: str) -> float | None:
+        """Mean global samples/s of test ``name``, None if it did not run."""
+        return self.tests[name].mean if name in self.tests else None
+
+
+class EndlessBatches:
+    """The training loader's batches without end: each new pass starts with the next sampler epoch.
+
+    A trial lasts ``nbatches`` whatever the data set's length (as in benchy); the restart and its cost (worker
+    start-up without persistent workers) land in the trial that hits it, as they would in training.
+    """
+
+    def __init__(self, loader: Any, sampler: Any = None):
+        self.loader = loader
+        self.sampler = sampler
+        self.epoch = -1
+        self._iterator: Iterator[Any] | None = None
+
+    def next(self) -> Any:
+        """The next batch, starting a new pass over the loader when needed."""
+        if self._iterator is not None:
+            try:
+                return next(self._iterator)
+            except StopIteration:
+                pass
+        self._start_pass()
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            raise DataError(
+                "the training loader yields no batches: the data set is smaller than one batch"
+            ) from None
+
+    def _start_pass(self) -> None:
+        self.epoch += 1
+        if self.sampler is not None:
+            self.sampler.set_epoch(self.epoch)
+        self._iterator = iter(self.loader)
+
+    def close(self) -> None:
+        """Drop the pass in progress (its worker processes exit unless the loader keeps them)."""
+        self._iterator = None
+
+
+class TrialDriver:
+    """Runs the enabled tests of ``bench`` on ``setup``; ``clock`` (seconds) can be faked in tests."""
+
+    def __init__(self, setup: Any, bench: BenchConfig | None = None, clock: Clock = time.perf_counter):
+        self.setup = setup
+        self.bench = bench if bench is not None else setup.config.bench
+        self.clock = clock
+        self.samples_per_iteration = setup.local_batch_size * setup.process.world_size
+        self.global_step = 0
+        self.batches = EndlessBatches(setup.train_loader, getattr(setup, "train_sampler", None))
+        self._print = log.info if setup.process.is_main else _silent
+
+    def run(self) -> dict[str, TrialSeries]:
+        """IO, then SYNTHETIC, then FULL (benchy's order), each only if enabled."""
+        b, tests = self.bench, {}
+        try:
+            if b.run_io:
+                tests["IO"] = self._run_test("IO", self.batches.next)
+            if b.run_synthetic or b.run_full:
+                self.setup.model.train()
+            if b.run_synthetic:
+                # The one real batch SYNTHETIC trains on. A copy, because a pipeline that recycles its device
+                # buffers could otherwise overwrite it while the trials still use it.
+                inputs, targets = (t.clone() for t in self._fetch_to_device())
+
+                def synthetic_step() -> None:
+                    self._train_step(inputs, targets)
+
+                tests["SYNTHETIC"] = self._run_test("SYNTHETIC", synthetic_step, before_trial=synthetic_step)
+            if b.run_full:
+                tests["FULL"] = self._run_test("FULL", lambda: self._train_step(*self._fetch_to_device()))
+        finally:
+            self.batches.close()
+        return tests
+
+    def _fetch_to_device(self) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = self.batches.next()
+        return self.setup.device.move(inputs), self.setup.device.move(targets)
+
+    def _train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        self.setup.step(inputs, targets, self.global_step)
+        self.global_step += 1
+
+    def _run_test(
+        self, name: str, iteration: Callable[[], Any], before_trial: Callable[[], Any] | None = None
+    ) -> TrialSeries:
+        b, device = self.bench, self.setup.device
+        series = TrialSeries(name)
+        device.reset_peak_memory()
+        for index in range(b.nwarmup + b.ntrials):
+            warmup = index < b.nwarmup
+            label = f"{name}_WARMUP_{index}" if warmup else f"{name}_{index - b.nwarmup}"
+            if before_trial is not None:
+                before_trial()
+            rates, elapsed, throughput = self._timed_trial(label, iteration)
+            if not warmup:
+                series.rates.append(rates)
+                series.avg_iter_throughput.append(sum(rates) / len(rates))
+                series.trial_throughput.append(throughput)
+                series.trial_time.append(elapsed)
+        series.peak_memory_gb = device.peak_memory_gb()
+        return series
+
+    def _timed_trial(self, label: str, iteration: Callable[[], Any]) -> tuple[list[float], float, float]:
+        """Time ``nbatches`` iterations: their rates (samples/s), the trial's seconds and its samples/s."""
+        b = self.bench
+        self._synchronize()
+        start = previous = self.clock()
+        rates = []
+        for count in range(1, b.nbatches + 1):
+            iteration()
+            self._synchronize()
+            now = self.clock()
+            rates.append(_per_second(self.samples_per_iteration, now - previous))
+            previous = now
+            if b.report_freq and count % b.report_freq == 0:
+                self._print("BENCHY::%s::Iteration Throughput: %s", label, rates[-1])
+        elapsed = previous - start
+        throughput = _per_second(b.nbatches * self.samples_per_iteration, elapsed)
+        self._print("BENCHY::%s::Average Iteration Throughput: %s", label, sum(rates) / len(rates))
+        self._print("BENCHY::%s::Trial Throughput: %s", label, throughput)
+        return rates, elapsed, throughput
+
+    def _synchronize(self) -> None:
+        self.setup.device.synchronize()
+        # The barrier aligns the ranks' clocks at each timing point (benchy's use_distributed_barrier).
+        if self.bench.use_distributed_barrier and _distributed():
+            torch.distributed.barrier()
+
+
+def _silent(*args: object) -> None:
+    """Non-zero ranks time the same trials but print nothing."""
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _per_second(samples: float, seconds: float) -> float:
+    # A coarse or fake clock can report zero seconds; a tiny floor keeps the rate finite (and valid JSON).
+    return samples / max(seconds, 1e-12)
+
+
+def run_trials(
+    setup: Any, bench: BenchConfig | None = None, clock: Clock = time.perf_counter
+) -> dict[str, TrialSeries]:
+    """Run the enabled tests of ``bench`` (default: the setup's ``bench:`` section); return their trials."""
+    return TrialDriver(setup, bench, clock).run()
+
+
+def run_benchmark(
+    setup: Any,
+    run_dir: Path,
+    output_path: Path | None = None,
+    clock: Clock = time.perf_counter,
+    command: str | None = None,
+) -> BenchResults:
+    """Run the trials on a built training setup, print benchy's lines and a verdict, and write the JSON.
+
+    The JSON goes to ``output_path``, by default ``run_dir / bench.output_filename`` (an absolute
+    ``output_filename`` is kept as it is). Only rank 0 prints and writes. Never reads or writes checkpoints.
+    """
+    bench, process = setup.config.bench, setup.process
+    if process.is_main:
+        log.info(
+            "BENCHY::INFO::Message: Using dlscale bench config: nwarmup %d, ntrials %d, nbatches %d, "
+            "global batch %d (%d x %d rank(s)).",
+            bench.nwarmup,
+            bench.ntrials,
+            bench.nbatches,
+            setup.local_batch_size * process.world_size,
+            setup.local_batch_size,
+            process.world_size,
+        )
+    tests = run_trials(setup, bench, clock)
+    verdict = decide_bottleneck(*mean_throughputs(tests))
+    utilization = utilization_numbers(tests, setup.utilization, process.world_size)
+    record = build_record(setup, tests, verdict, utilization, command)
+    path = None
+    if process.is_main:
+        for line in summary_lines(tests):
+            log.info("%s", line)
+        if utilization:
+            log.info("%s", utilization_line(utilization, setup.utilization.describe()))
+        memory = [f"{n} {t.peak_memory_gb:.2f} GB" for n, t in tests.items() if t.peak_memory_gb is not None]
+        if memory:
+            log.info("BENCHY::MEMORY::peak device memory: %s", "; ".join(memory))
+        log.info("%s", verdict.line())
+        path = Path(output_path) if output_path is not None else Path(run_dir) / bench.output_filename
+        path = path.expanduser()
+        log.info("BENCHY::INFO::Message: Writing JSON output to %s.", path)
+        write_text_atomically(path, json.dumps(record, indent=2) + "\n")
+    return BenchResults(tests, process.world_size, verdict, utilization, record, path)

@@ -1,0 +1,295 @@
+"""What the throughput trials mean: the bottleneck verdict, benchy's summary lines, and the JSON record.
+
+The verdict compares the mean global samples/s of the three tests:
+
+* IO: the loader alone. SYNTHETIC: the training step alone, on one cached device batch. FULL: both, as in
+  training.
+* ``IO < (1 - BOUND_MARGIN) x SYNTHETIC``: **IO-bound**, the loader cannot feed the model.
+* ``SYNTHETIC < (1 - BOUND_MARGIN) x IO``: **compute-bound**, the training step is the limit.
+* otherwise **balanced**: both limits are within BOUND_MARGIN of each other, so speeding up only one gains
+  little.
+* but first, ``FULL < (1 - OVERHEAD_MARGIN) x min(IO, SYNTHETIC)``: **overhead**. Each part alone is fast
+  enough, yet together they are much slower: reading and computing do not overlap (a loader without workers
+  reads while the GPU idles), or something per step (host-to-device copies, synchronizations) costs time.
+
+BOUND_MARGIN is 10 %: trial-to-trial noise on a shared node is a few percent, so a smaller gap is not a
+reliable ranking. OVERHEAD_MARGIN is 20 %: FULL always pays a little for running both (the copy of each batch
+to the device, which SYNTHETIC skips), and a gap under a fifth is rarely worth restructuring the input
+pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import torch
+
+from dlscale import __version__
+
+BOUND_MARGIN = 0.10
+OVERHEAD_MARGIN = 0.20
+TEST_NAMES = ("IO", "SYNTHETIC", "FULL")
+
+IO_KNOBS = (
+    "--num_data_workers N (more loader processes)",
+    "--data_loader_config gpu (threaded reads, copies ahead)",
+    "--set loader.pin_memory=true",
+    "--set loader.prefetch_factor=N (pytorch loader) or loader.prefetch_depth=N (gpu loader)",
+)
+COMPUTE_KNOBS = (
+    "--amp_mode bf16",
+    "--enable_fused",
+    "--enable_jit",
+    "--cuda_graphs",
+    "--tf32 on",
+    "a larger --local_batch_size",
+)
+OVERHEAD_KNOBS = (
+    "--data_loader_config gpu (overlaps reading and the device copy with compute)",
+    "more --num_data_workers with --set loader.persistent_workers=true",
+    "--set loader.device_prefetch=true",
+)
+
+VerdictKind = Literal["IO-bound", "compute-bound", "balanced", "overhead", "inconclusive"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The bottleneck the trials point to, why, and the knobs worth trying for it."""
+
+    kind: VerdictKind
+    reason: str
+    knobs: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        """The ``BENCHY::VERDICT::`` console line."""
+        tried = f" Try: {'; '.join(self.knobs)}." if self.knobs else ""
+        return f"BENCHY::VERDICT::{self.kind}: {self.reason}.{tried}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "reason": self.reason, "knobs": list(self.knobs), "line": self.line()}
+
+
+def _rate(value: float) -> str:
+    return f"{value:.1f} samples/s"
+
+
+def decide_bottleneck(io: float | None, synthetic: float | None, full: float | None) -> Verdict:
+    """Name the bottleneck from the mean global samples/s of IO, SYNTHETIC and FULL (None: not measured)."""
+    if io is not None and synthetic is not None:
+        if full is not None and full < (1 - OVERHEAD_MARGIN) * min(io, synthetic):
+            slower = "IO" if io <= synthetic else "SYNTHETIC"
+            return Verdict(
+                "overhead",
+                f"FULL {_rate(full)} is {full / min(io, synthetic):.0%} of the slower part alone "
+                f"({slower}; IO {_rate(io)}, SYNTHETIC {_rate(synthetic)}): reading and computing do not "
+                "overlap, or each step pays a fixed cost (device copies, synchronizations)",
+                OVERHEAD_KNOBS,
+            )
+        full_note = f"; FULL {_rate(full)}" if full is not None else "; FULL not measured, overhead unknown"
+        if io < (1 - BOUND_MARGIN) * synthetic:
+            return Verdict(
+                "IO-bound",
+                f"IO {_rate(io)} is {io / synthetic:.0%} of SYNTHETIC {_rate(synthetic)}: the loader cannot "
+                f"feed the model{full_note}",
+                IO_KNOBS,
+            )
+        if synthetic < (1 - BOUND_MARGIN) * io:
+            return Verdict(
+                "compute-bound",
+                f"SYNTHETIC {_rate(synthetic)} is {synthetic / io:.0%} of IO {_rate(io)}: the training step "
+                f"is the limit, the loader keeps up{full_note}",
+                COMPUTE_KNOBS,
+            )
+        return Verdict(
+            "balanced",
+            f"IO {_rate(io)} and SYNTHETIC {_rate(synthetic)} are within {BOUND_MARGIN:.0%} of each other "
+            f"and overlap{full_note}: to go faster, speed up both",
+            COMPUTE_KNOBS + IO_KNOBS,
+        )
+    return _partial_verdict(io, synthetic, full)
+
+
+def _partial_verdict(io: float | None, synthetic: float | None, full: float | None) -> Verdict:
+    """What can (and cannot) be concluded when IO or SYNTHETIC did not run."""
+    if full is not None and io is not None:
+        if full >= (1 - BOUND_MARGIN) * io:
+            return Verdict(
+                "IO-bound",
+                f"FULL {_rate(full)} runs at the loader's rate (IO {_rate(io)}); without SYNTHETIC the "
+                "model's own headroom is unknown (set bench.run_synthetic=true)",
+                IO_KNOBS,
+            )
+        return Verdict(
+            "inconclusive",
+            f"FULL {_rate(full)} is well below IO {_rate(io)}, so the loader is not the limit; compute or "
+            "overhead: run SYNTHETIC too (bench.run_synthetic=true) to tell them apart",
+        )
+    if full is not None and synthetic is not None:
+        if full >= (1 - BOUND_MARGIN) * synthetic:
+            return Verdict(
+                "compute-bound",
+                f"FULL {_rate(full)} runs at the model's rate (SYNTHETIC {_rate(synthetic)}); without IO "
+                "the loader's headroom is unknown (set bench.run_io=true)",
+                COMPUTE_KNOBS,
+            )
+        return Verdict(
+            "inconclusive",
+            f"FULL {_rate(full)} is well below SYNTHETIC {_rate(synthetic)}, so the model step is not the "
+            "limit; IO or overhead: run IO too (bench.run_io=true) to tell them apart",
+        )
+    measured = [
+        f"{name} {_rate(v)}"
+        for name, v in zip(TEST_NAMES, (io, synthetic, full), strict=True)
+        if v is not None
+    ]
+    return Verdict(
+        "inconclusive",
+        f"only {' and '.join(measured) or 'nothing'} measured: naming a bottleneck needs IO and SYNTHETIC "
+        "(and FULL to see overhead); set bench.run_io, run_synthetic and run_full to true",
+    )
+
+
+@dataclass
+class TrialSeries:
+    """The recorded trials of one test (IO, SYNTHETIC or FULL), in benchy's JSON fields."""
+
+    name: str
+    rates: list[list[float]] = field(default_factory=list)  # per trial: samples/s of each iteration
+    avg_iter_throughput: list[float] = field(default_factory=list)
+    trial_throughput: list[float] = field(default_factory=list)  # global samples/s of each trial
+    trial_time: list[float] = field(default_factory=list)  # seconds of each trial
+    peak_memory_gb: float | None = None  # device memory peak over the test (None on the CPU)
+
+    @property
+    def mean(self) -> float:
+        """Mean trial throughput (global samples/s)."""
+        return sum(self.trial_throughput) / len(self.trial_throughput)
+
+    @property
+    def std(self) -> float:
+        """Population standard deviation of the trial throughputs, as benchy's np.std."""
+        mean = self.mean
+        return math.sqrt(sum((x - mean) ** 2 for x in self.trial_throughput) / len(self.trial_throughput))
+
+    def benchy_json(self) -> dict[str, list]:
+        return {
+            "rates": self.rates,
+            "avg_iter_throughput": self.avg_iter_throughput,
+            "trial_throughput": self.trial_throughput,
+            "trial_time": self.trial_time,
+        }
+
+
+def summary_lines(tests: Mapping[str, TrialSeries]) -> list[str]:
+    """benchy's summary lines, byte for byte (the space before SYNTHETIC included: users grep for it)."""
+    prefixes = {"IO": "IO", "SYNTHETIC": " SYNTHETIC", "FULL": "FULL"}
+    return [
+        f"BENCHY::SUMMARY::{prefixes[name]} average trial throughput: {tests[name].mean:.3f} +/- "
+        f"{tests[name].std:.3f}"
+        for name in TEST_NAMES
+        if name in tests
+    ]
+
+
+def utilization_numbers(
+    tests: Mapping[str, TrialSeries], utilization: Any, world_size: int
+) -> dict[str, dict[str, float | None]]:
+    """TFLOP/s and MFU per GPU of SYNTHETIC and FULL (empty without a FLOP count)."""
+    if utilization is None:
+        return {}
+    numbers = {}
+    for name in ("SYNTHETIC", "FULL"):
+        if name in tests:
+            per_gpu = tests[name].mean / world_size
+            numbers[name] = {"tflops_per_gpu": utilization.tflops(per_gpu), "mfu": utilization.mfu(per_gpu)}
+    return numbers
+
+
+def utilization_line(numbers: Mapping[str, Mapping[str, float | None]], described: str) -> str:
+    """One line after benchy's summary: achieved TFLOP/s and MFU per GPU."""
+    parts = []
+    for name, values in numbers.items():
+        mfu = values["mfu"]
+        mfu_text = f", MFU {mfu:.1%}" if mfu is not None else ""
+        parts.append(f"{name} {values['tflops_per_gpu']:.3f} TFLOP/s per GPU{mfu_text}")
+    return f"BENCHY::UTILIZATION::{'; '.join(parts)} ({described})"
+
+
+def benchy_record(nranks: int, tests: Mapping[str, TrialSeries]) -> dict[str, object]:
+    """benchy's JSON structure; a test that did not run has empty lists, as in benchy."""
+    record: dict[str, object] = {"nranks": nranks}
+    for name in TEST_NAMES:
+        record[name] = (tests[name] if name in tests else TrialSeries(name)).benchy_json()
+    return record
+
+
+def summary_record(tests: Mapping[str, TrialSeries]) -> dict[str, dict[str, object]]:
+    """dlscale's per-test summary: mean, std, number of trials and peak memory."""
+    return {
+        name: {
+            "mean": t.mean,
+            "std": t.std,
+            "ntrials": len(t.trial_throughput),
+            "peak_memory_gb": t.peak_memory_gb,
+        }
+        for name, t in tests.items()
+    }
+
+
+def mean_throughputs(tests: Mapping[str, TrialSeries]) -> Sequence[float | None]:
+    """(IO, SYNTHETIC, FULL) means, None for a test that did not run."""
+    return tuple(tests[name].mean if name in tests else None for name in TEST_NAMES)
+
+
+def build_record(
+    setup: Any,
+    tests: dict[str, TrialSeries],
+    verdict: Verdict,
+    utilization: dict[str, dict[str, float | None]],
+    command: str | None = None,
+) -> dict[str, Any]:
+    """benchy's JSON document plus what a reader needs to compare runs: config, knobs, device, versions."""
+    cfg = setup.config
+    record = benchy_record(setup.process.world_size, tests)
+    record.update(
+        {
+            "summary": summary_record(tests),
+            "verdict": verdict.to_json(),
+            "utilization": {
+                **utilization,
+                "describe": setup.utilization.describe() if setup.utilization is not None else None,
+            },
+            "device": setup.device.name,
+            "torch_version": torch.__version__,
+            "dlscale_version": __version__,
+            "config": {"name": cfg.name, "source": cfg.source, "overrides": list(cfg.overrides)},
+            "batch": {
+                "local": setup.local_batch_size,
+                "global": setup.local_batch_size * setup.process.world_size,
+                "world_size": setup.process.world_size,
+            },
+            "knobs": {
+                "amp_mode": cfg.train.amp_mode,
+                "tf32": cfg.train.tf32,
+                "enable_jit": cfg.train.enable_jit,
+                "cuda_graphs": cfg.train.cuda_graphs,
+                "enable_fused": cfg.optim.enable_fused,
+                "data_loader_config": cfg.loader.data_loader_config,
+                "num_data_workers": cfg.loader.num_data_workers,
+            },
+            "bench": {
+                name: getattr(cfg.bench, name)
+                for name in ("nwarmup", "ntrials", "nbatches", "use_distributed_barrier")
+            },
+            "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": command if command is not None else shlex.join(sys.argv),
+        }
+    )
+    return record

@@ -1,0 +1,220 @@
+"""``dlscale bench --sweep KEY=v1,v2,...``: the throughput trials once per value, as a table and a plot.
+
+This automates the tutorials' by-hand sweeps (rerun with ``--num_data_workers 0, 2, 4, 8`` and compare the
+samples/s). Several ``--sweep`` options run every combination of their values (the cartesian product), so
+``--sweep num_data_workers=0,4 --sweep amp_mode=none,bf16`` runs four points. Each point gets a freshly loaded
+config and a freshly built setup; the previous one is freed first. A swept key wins over the same key given
+as a tutorial flag (``--num_data_workers 4``), since a sweep that silently measured one value would mislead.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from dlscale.errors import ConfigError
+from dlscale.perf.bench import BenchResults
+from dlscale.perf.bench_report import TEST_NAMES
+from dlscale.report.figures import save_png
+from dlscale.runtime.atomic_files import write_text_atomically
+
+log = logging.getLogger("dlscale.bench")
+
+Point = tuple[tuple[str, str], ...]  # ((key, value), ...) of one sweep point
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """One ``--sweep KEY=v1,v2,...``: a config key (dotted or flat, as ``--set`` takes) and its values."""
+
+    key: str
+    values: tuple[str, ...]
+
+
+def parse_sweep(text: str) -> SweepSpec:
+    """Parse ``KEY=v1,v2,...``; commas inside brackets stay in a value (``betas=[0.9,0.95],[0.9,0.99]``)."""
+    key, sep, values_text = text.partition("=")
+    key = key.strip()
+    example = "e.g. --sweep num_data_workers=0,2,4"
+    if not sep or not key:
+        raise ConfigError(f"--sweep {text!r}: expected KEY=v1,v2,..., {example}")
+    values = _split_values(values_text)
+    if not values or any(not v for v in values):
+        raise ConfigError(f"--sweep {text!r}: needs a non-empty, comma-separated list of values, {example}")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"--sweep {text!r}: a value is listed twice")
+    return SweepSpec(key, tuple(values))
+
+
+def _split_values(text: str) -> list[str]:
+    values, depth, current = [], 0, ""
+    for char in text:
+        if char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        if char == "," and depth == 0:
+            values.append(current.strip())
+            current = ""
+        else:
+            current += char
+    values.append(current.strip())
+    return values if text.strip() else []
+
+
+def _same_key(a: str, b: str) -> bool:
+    """Whether two spellings name one config key: flat names are unique, so 'x' is 'section.x'."""
+    return a == b or a.split(".")[-1] == b.split(".")[-1] and ("." not in a or "." not in b)
+
+
+def check_specs(specs: Sequence[SweepSpec]) -> None:
+    """Reject a key swept twice (in any spelling): its values would silently replace each other."""
+    for first, second in itertools.combinations(specs, 2):
+        if _same_key(first.key, second.key):
+            raise ConfigError(
+                f"--sweep {first.key} and --sweep {second.key} sweep the same key: give it once"
+            )
+
+
+def sweep_points(specs: Sequence[SweepSpec]) -> list[Point]:
+    """Every combination of the swept values, the first --sweep varying slowest."""
+    check_specs(specs)
+    return [
+        tuple(zip([s.key for s in specs], values, strict=True))
+        for values in itertools.product(*[s.values for s in specs])
+    ]
+
+
+def point_overrides(point: Point) -> list[str]:
+    """The ``--set`` overrides of one point."""
+    return [f"{key}={value}" for key, value in point]
+
+
+def point_label(point: Point) -> str:
+    """A short readable name: the values alone for one swept key, ``key=value, ...`` for several."""
+    if len(point) == 1:
+        return point[0][1]
+    return ", ".join(f"{key.split('.')[-1]}={value}" for key, value in point)
+
+
+def file_slug(point: Point) -> str:
+    """The point as a file-name part: only letters, digits, '.', '-', '=' and '_'."""
+    text = "_".join(f"{key.split('.')[-1]}={value}" for key, value in point)
+    return "".join(c if c.isalnum() or c in ".-=_" else "-" for c in text)
+
+
+def flags_not_swept(flag_values: Mapping[str, Any], specs: Sequence[SweepSpec]) -> dict[str, Any]:
+    """The tutorial-flag values minus those of swept keys (flags are applied after --set and would win)."""
+    kept = {}
+    for key, value in flag_values.items():
+        swept = next((s.key for s in specs if _same_key(key, s.key)), None)
+        if swept is None:
+            kept[key] = value
+        else:
+            log.warning("--sweep %s replaces the flag value %s=%s", swept, key, value)
+    return kept
+
+
+@dataclass
+class SweepRow:
+    """The results of one sweep point."""
+
+    point: Point
+    results: BenchResults
+
+
+def run_sweep(specs: Sequence[SweepSpec], measure: Callable[[Point], BenchResults]) -> list[SweepRow]:
+    """``measure(point)`` for every point; garbage is collected between points so two setups never coexist."""
+    points = sweep_points(specs)
+    rows = []
+    for number, point in enumerate(points, start=1):
+        log.info("BENCHY::SWEEP::Point %d of %d: %s", number, len(points), " ".join(point_overrides(point)))
+        rows.append(SweepRow(point, measure(point)))
+        # The previous setup (model, optimizer, loader workers) is unreachable now; free it before the next.
+        gc.collect()
+    return rows
+
+
+def _mean_std(results: BenchResults, name: str) -> str:
+    test = results.tests.get(name)
+    return "-" if test is None else f"{test.mean:.1f} ± {test.std:.1f}"
+
+
+def sweep_table(rows: Sequence[SweepRow]) -> list[str]:
+    """A Markdown table: value | IO | SYNTHETIC | FULL samples/s | FULL TFLOP/s | MFU | verdict."""
+    keys = ", ".join(key for key, _ in rows[0].point) if rows else "value"
+    lines = [
+        f"| {keys} | IO samples/s | SYNTHETIC samples/s | FULL samples/s | FULL TFLOP/s | MFU | verdict |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        full = row.results.utilization.get("FULL", {})
+        tflops = f"{full['tflops_per_gpu']:.3f}" if full.get("tflops_per_gpu") is not None else "-"
+        mfu = f"{full['mfu']:.1%}" if full.get("mfu") is not None else "-"
+        cells = [point_label(row.point), *(_mean_std(row.results, n) for n in TEST_NAMES), tflops, mfu]
+        lines.append(f"| {' | '.join(cells)} | {row.results.verdict.kind} |")
+    return lines
+
+
+def sweep_figure(rows: Sequence[SweepRow], title: str) -> Figure:
+    """Grouped bars of IO, SYNTHETIC and FULL mean samples/s per point, with the trials' std as error bars."""
+    figure = Figure(figsize=(max(5.0, 1.3 * len(rows) + 2), 3.8), layout="constrained")
+    axis = figure.add_subplot(1, 1, 1)
+    width = 0.8 / len(TEST_NAMES)
+    for offset, name in enumerate(TEST_NAMES):
+        xs, means, stds = [], [], []
+        for index, row in enumerate(rows):
+            if name in row.results.tests:
+                xs.append(index + (offset - (len(TEST_NAMES) - 1) / 2) * width)
+                means.append(row.results.tests[name].mean)
+                stds.append(row.results.tests[name].std)
+        if xs:
+            axis.bar(xs, means, width, yerr=stds, capsize=3, label=name)
+    # One line per key: several keys' labels side by side would overlap.
+    labels = [point_label(row.point).replace(", ", "\n") for row in rows]
+    axis.set_xticks(range(len(rows)), labels, fontsize=8)
+    heights = [t.mean for row in rows for t in row.results.tests.values() if t.mean > 0]
+    if heights and max(heights) > 20 * min(heights):
+        axis.set_yscale("log")  # e.g. IO 50x above SYNTHETIC: on a linear axis the other bars would vanish
+    axis.set_xlabel(", ".join(key for key, _ in rows[0].point) if rows else "")
+    axis.set_ylabel("global samples/s")
+    axis.set_title(title, fontsize=10)
+    axis.legend(fontsize=8)
+    return figure
+
+
+def write_sweep_outputs(
+    rows: Sequence[SweepRow], json_path: Path, title: str, context: Mapping[str, Any]
+) -> dict[str, Path]:
+    """The combined JSON at ``json_path``, the table (``.md``) and the plot (``.png``) beside it."""
+    table = sweep_table(rows)
+    document = {
+        **context,
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "points": [
+            {
+                "overrides": point_overrides(row.point),
+                "label": point_label(row.point),
+                "summary": row.results.record.get("summary"),
+                "verdict": row.results.verdict.to_json(),
+                "utilization": row.results.utilization,
+                "json": str(row.results.output_path) if row.results.output_path else None,
+            }
+            for row in rows
+        ],
+        "table": table,
+    }
+    paths = {"json": json_path, "table": json_path.with_suffix(".md"), "plot": json_path.with_suffix(".png")}
+    write_text_atomically(paths["json"], json.dumps(document, indent=2) + "\n")
+    write_text_atomically(paths["table"], f"# {title}\n\n" + "\n".join(table) + "\n")
+    save_png(sweep_figure(rows, title), paths["plot"])
+    return paths

@@ -1,0 +1,391 @@
+"""Throughput trials (benchy's IO / SYNTHETIC / FULL): mechanics, output, verdict, the command and sweeps."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dlscale.cli import main
+from dlscale.config import load_run_config
+from dlscale.errors import ConfigError, DataError
+from dlscale.perf.bench import run_benchmark, run_trials
+from dlscale.perf.bench_report import BOUND_MARGIN, OVERHEAD_MARGIN, TrialSeries, decide_bottleneck
+from dlscale.perf.sweep import SweepSpec, flags_not_swept, parse_sweep, sweep_points
+from dlscale.runtime.device import Device
+from dlscale.runtime.launch import ProcessInfo
+
+CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
+SUMMARY = {
+    "IO": re.compile(r"^BENCHY::SUMMARY::IO average trial throughput: \d+\.\d{3} \+/- \d+\.\d{3}$"),
+    "SYNTHETIC": re.compile(
+        r"^BENCHY::SUMMARY:: SYNTHETIC average trial throughput: \d+\.\d{3} \+/- \d+\.\d{3}$"
+    ),
+    "FULL": re.compile(r"^BENCHY::SUMMARY::FULL average trial throughput: \d+\.\d{3} \+/- \d+\.\d{3}$"),
+}
+
+
+class FakeClock:
+    """Seconds that pass only when the fake loader or step says so: deterministic timings."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class CountingLoader:
+    """``num_batches`` distinct batches per pass; ``cost()`` runs before each (a sleep, or a fake clock)."""
+
+    def __init__(self, num_batches: int, batch_size: int = 4, cost=lambda: None):
+        self.num_batches, self.batch_size, self.cost = num_batches, batch_size, cost
+        self.fetched = 0
+        self.passes = 0
+
+    def __iter__(self):
+        self.passes += 1
+        for _ in range(self.num_batches):
+            self.cost()
+            self.fetched += 1
+            yield torch.full((self.batch_size, 3), float(self.fetched)), torch.zeros(self.batch_size, 3)
+
+
+class CountingStep:
+    """Records every (inputs, targets, global_step) it trains on; ``cost()`` is the step's work."""
+
+    def __init__(self, cost=lambda: None):
+        self.cost = cost
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+
+    def __call__(self, inputs, targets, global_step):
+        self.calls.append((inputs, targets, global_step))
+        self.cost()
+        return torch.zeros(())
+
+
+class RecordingSampler:
+    def __init__(self) -> None:
+        self.epochs: list[int] = []
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        self.epochs.append(epoch)
+
+
+def bench_config(*overrides: str):
+    """The shipped tiny config (no data needed: the fake setups bring their own loader)."""
+    return load_run_config(CONFIG_FILE, "tiny", ["bench.report_freq=2", *overrides])
+
+
+def fake_setup(cfg, loader, step, world_size: int = 1, local_batch: int = 4, utilization=None):
+    return SimpleNamespace(
+        config=cfg,
+        train_loader=loader,
+        train_sampler=RecordingSampler(),
+        step=step,
+        device=Device("cpu"),
+        process=ProcessInfo(rank=0, world_size=world_size),
+        model=torch.nn.Linear(3, 3),
+        local_batch_size=local_batch,
+        global_batch_size=local_batch * world_size,
+        utilization=utilization,
+    )
+
+
+@pytest.fixture
+def bench_lines():
+    """The messages logged on dlscale.bench during the test."""
+    logger = logging.getLogger("dlscale.bench")
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    previous_level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(previous_level)
+
+
+# ---- the verdict, from numbers ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("io", "synthetic", "full", "kind"),
+    [
+        (100, 1000, 95, "IO-bound"),
+        (1000, 100, 95, "compute-bound"),
+        (100, 105, 95, "balanced"),
+        (100, 1000, 70, "overhead"),  # FULL well below the slower part: no overlap
+        (1000, 100, 50, "overhead"),
+        # thresholds: IO-bound needs IO < 90 % of SYNTHETIC; overhead needs FULL < 80 % of min(IO, SYNTHETIC)
+        (90, 100, 90, "balanced"),
+        (89.9, 100, 89, "IO-bound"),
+        (100, 89.9, 89, "compute-bound"),
+        (100, 1000, 80, "IO-bound"),
+        (100, 1000, 79.9, "overhead"),
+        (100, 1000, None, "IO-bound"),  # no FULL: the ranking holds, overhead is unknown
+        (100, None, 95, "IO-bound"),  # FULL at the loader's rate
+        (100, None, 50, "inconclusive"),  # compute or overhead: needs SYNTHETIC
+        (None, 100, 95, "compute-bound"),
+        (None, 100, 50, "inconclusive"),
+        (None, None, 100, "inconclusive"),
+        (100, None, None, "inconclusive"),
+    ],
+)
+def test_verdict_branches_and_thresholds(io, synthetic, full, kind):
+    assert (BOUND_MARGIN, OVERHEAD_MARGIN) == (0.10, 0.20)
+    verdict = decide_bottleneck(io, synthetic, full)
+    assert verdict.kind == kind
+    assert verdict.line().startswith(f"BENCHY::VERDICT::{kind}: ")
+
+
+def test_verdicts_name_the_knobs_to_try_and_what_is_missing():
+    assert "--num_data_workers N (more loader processes)" in decide_bottleneck(100, 1000, 95).knobs
+    assert "--amp_mode bf16" in decide_bottleneck(1000, 100, 95).knobs
+    assert any("--data_loader_config gpu" in knob for knob in decide_bottleneck(100, 1000, 50).knobs)
+    assert "overhead unknown" in decide_bottleneck(100, 1000, None).reason
+    only_full = decide_bottleneck(None, None, 100)
+    assert "needs IO and SYNTHETIC" in only_full.reason and only_full.knobs == ()
+
+
+def test_summary_statistics_are_benchys_mean_and_population_std():
+    series = TrialSeries("IO", trial_throughput=[1.0, 3.0])
+    assert series.mean == 2.0
+    assert series.std == 1.0  # np.std, not the sample std (1.414)
+
+
+# ---- trial mechanics on a fake setup ----------------------------------------------------------------------
+
+
+def test_io_trials_drain_the_loader_restarting_it_with_new_epochs_and_never_train():
+    loader, step = CountingLoader(num_batches=3), CountingStep()
+    cfg = bench_config("run_synthetic=false", "run_full=false", "nwarmup=1", "ntrials=2", "nbatches=5")
+    setup = fake_setup(cfg, loader, step)
+    tests = run_trials(setup)
+    assert loader.fetched == (1 + 2) * 5
+    assert step.calls == []
+    assert loader.passes == 5 and setup.train_sampler.epochs == [0, 1, 2, 3, 4]
+    assert set(tests) == {"IO"} and len(tests["IO"].trial_throughput) == 2
+
+
+def test_synthetic_trials_fetch_one_batch_and_train_on_that_same_tensor():
+    loader, step = CountingLoader(num_batches=3), CountingStep()
+    cfg = bench_config("run_io=false", "run_full=false", "nwarmup=1", "ntrials=2", "nbatches=5")
+    setup = fake_setup(cfg, loader, step)
+    run_trials(setup)
+    assert loader.fetched == 1
+    assert len(step.calls) == (1 + 2) * (5 + 1)  # the first step of each trial is untimed
+    first_inputs = step.calls[0][0]
+    assert all(inputs is first_inputs for inputs, _, _ in step.calls)
+    assert [s for _, _, s in step.calls] == list(range(len(step.calls)))
+
+
+def test_full_trials_train_on_distinct_fresh_batches():
+    loader, step = CountingLoader(num_batches=4), CountingStep()
+    cfg = bench_config("run_io=false", "run_synthetic=false", "nwarmup=1", "ntrials=2", "nbatches=5")
+    setup = fake_setup(cfg, loader, step)
+    run_trials(setup)
+    assert len(step.calls) == (1 + 2) * 5 == loader.fetched
+    assert len({inputs[0, 0].item() for inputs, _, _ in step.calls}) == len(step.calls)
+    assert len({id(inputs) for inputs, _, _ in step.calls}) == len(step.calls)
+
+
+def test_an_empty_loader_is_an_error_not_an_endless_loop():
+    setup = fake_setup(
+        bench_config("run_synthetic=false", "run_full=false"), CountingLoader(0), CountingStep()
+    )
+    with pytest.raises(DataError, match="no batches"):
+        run_trials(setup)
+
+
+# ---- output: lines, JSON, global samples/s ----------------------------------------------------------------
+
+
+def fake_clock_setup(world_size: int = 1, utilization=None, *overrides: str):
+    """IO costs 0.01 s per batch, a step 0.03 s, on a fake clock."""
+    clock = FakeClock()
+    loader = CountingLoader(num_batches=3, cost=lambda: clock.advance(0.01))
+    step = CountingStep(cost=lambda: clock.advance(0.03))
+    cfg = bench_config("nwarmup=1", "ntrials=2", "nbatches=4", *overrides)
+    return fake_setup(cfg, loader, step, world_size=world_size, utilization=utilization), clock
+
+
+def test_output_lines_and_json_follow_benchy(tmp_path, bench_lines):
+    setup, clock = fake_clock_setup()
+    results = run_benchmark(setup, tmp_path, clock=clock, command="dlscale bench --config tiny")
+
+    summary = [line for line in bench_lines if line.startswith("BENCHY::SUMMARY::")]
+    assert len(summary) == 3
+    for line, name in zip(summary, ("IO", "SYNTHETIC", "FULL"), strict=True):
+        assert SUMMARY[name].match(line), line
+    assert summary[0] == "BENCHY::SUMMARY::IO average trial throughput: 400.000 +/- 0.000"  # 4 x 4 / 0.04 s
+    for label in ("IO_WARMUP_0", "IO_0", "IO_1", "SYNTHETIC_WARMUP_0", "SYNTHETIC_1", "FULL_0", "FULL_1"):
+        assert f"BENCHY::{label}::Trial Throughput: " in "\n".join(bench_lines)
+        assert f"BENCHY::{label}::Average Iteration Throughput: " in "\n".join(bench_lines)
+    # report_freq 2 of 4 batches: two iteration lines per trial, 3 trials per test, 3 tests
+    assert sum("::Iteration Throughput: " in line for line in bench_lines) == 2 * 3 * 3
+    # IO 400, SYNTHETIC 133, FULL 100 (reading and computing one after the other)
+    assert [line for line in bench_lines if line.startswith("BENCHY::VERDICT::")] == [results.verdict.line()]
+    assert results.verdict.kind == "overhead"
+
+    path = tmp_path / "benchy_result.json"
+    assert results.output_path == path
+    assert f"BENCHY::INFO::Message: Writing JSON output to {path}." in bench_lines
+    record = json.loads(path.read_text())
+    assert record["nranks"] == 1
+    for name in ("IO", "SYNTHETIC", "FULL"):
+        assert set(record[name]) == {"rates", "avg_iter_throughput", "trial_throughput", "trial_time"}
+        assert len(record[name]["trial_throughput"]) == 2 and len(record[name]["rates"]) == 2
+        assert all(len(rates) == 4 for rates in record[name]["rates"])
+    assert record["FULL"]["trial_time"] == pytest.approx([0.16, 0.16])
+    assert record["summary"]["SYNTHETIC"]["mean"] == pytest.approx(16 / 0.12)
+    assert record["verdict"]["kind"] == "overhead"
+    assert record["config"]["name"] == "tiny" and record["command"] == "dlscale bench --config tiny"
+    assert record["batch"] == {"local": 4, "global": 4, "world_size": 1}
+    knobs = {"amp_mode", "tf32", "enable_jit", "cuda_graphs", "enable_fused", "data_loader_config"}
+    assert set(record["knobs"]) == knobs | {"num_data_workers"}
+    assert record["device"].startswith("cpu") and record["torch_version"] == torch.__version__
+    for key in ("dlscale_version", "date", "utilization"):
+        assert key in record
+
+
+def test_throughput_counts_samples_of_all_ranks(tmp_path):
+    setup1, clock1 = fake_clock_setup(world_size=1)
+    setup2, clock2 = fake_clock_setup(world_size=2)
+    one = run_benchmark(setup1, tmp_path / "one", clock=clock1)
+    two = run_benchmark(setup2, tmp_path / "two", clock=clock2)
+    for name in ("IO", "SYNTHETIC", "FULL"):
+        assert two.tests[name].trial_throughput == pytest.approx(
+            [2 * x for x in one.tests[name].trial_throughput]
+        )
+    assert json.loads((tmp_path / "two" / "benchy_result.json").read_text())["nranks"] == 2
+
+
+def test_skipped_tests_print_nothing_and_keep_empty_json_entries(tmp_path, bench_lines):
+    setup, clock = fake_clock_setup(1, None, "run_io=false")
+    run_benchmark(setup, tmp_path, output_path=tmp_path / "out" / "bench.json", clock=clock)
+    assert not any(line.startswith("BENCHY::IO") or "::IO average" in line for line in bench_lines)
+    record = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert record["IO"] == {"rates": [], "avg_iter_throughput": [], "trial_throughput": [], "trial_time": []}
+    assert len(record["FULL"]["trial_throughput"]) == 2
+
+
+def test_utilization_of_synthetic_and_full_is_per_gpu_and_printed_after_the_summary(tmp_path, bench_lines):
+    utilization = SimpleNamespace(
+        tflops=lambda per_gpu: per_gpu / 1000,
+        mfu=lambda per_gpu: per_gpu / 10000,
+        describe=lambda: "fake peak",
+    )
+    setup, clock = fake_clock_setup(2, utilization)
+    results = run_benchmark(setup, tmp_path, clock=clock)
+    full_per_gpu = results.tests["FULL"].mean / 2
+    expected = {"tflops_per_gpu": full_per_gpu / 1000, "mfu": full_per_gpu / 10000}
+    assert results.utilization["FULL"] == pytest.approx(expected)
+    assert set(results.utilization) == {"SYNTHETIC", "FULL"}
+    last_summary = max(i for i, line in enumerate(bench_lines) if line.startswith("BENCHY::SUMMARY::"))
+    assert bench_lines[last_summary + 1].startswith("BENCHY::UTILIZATION::SYNTHETIC ")
+    assert "fake peak" in bench_lines[last_summary + 1]
+
+
+# ---- the verdict from real (slept) timings ----------------------------------------------------------------
+
+
+def test_a_slow_dataset_is_reported_io_bound(tmp_path):
+    loader = CountingLoader(num_batches=50, cost=lambda: time.sleep(0.01))
+    setup = fake_setup(bench_config("nwarmup=0", "ntrials=2", "nbatches=5"), loader, CountingStep())
+    results = run_benchmark(setup, tmp_path)
+    assert results.verdict.kind == "IO-bound", results.verdict.line()
+    assert json.loads((tmp_path / "benchy_result.json").read_text())["verdict"]["kind"] == "IO-bound"
+
+
+def test_a_slow_model_is_reported_compute_bound(tmp_path):
+    step = CountingStep(cost=lambda: time.sleep(0.01))
+    setup = fake_setup(bench_config("nwarmup=0", "ntrials=2", "nbatches=5"), CountingLoader(50), step)
+    results = run_benchmark(setup, tmp_path)
+    assert results.verdict.kind == "compute-bound", results.verdict.line()
+
+
+# ---- sweep parsing ----------------------------------------------------------------------------------------
+
+
+def test_sweep_values_parse_and_combine():
+    assert parse_sweep("num_data_workers=0, 2,4") == SweepSpec("num_data_workers", ("0", "2", "4"))
+    assert parse_sweep("optim.betas=[0.9,0.95],[0.9,0.99]").values == ("[0.9,0.95]", "[0.9,0.99]")
+    points = sweep_points([parse_sweep("num_data_workers=0,2"), parse_sweep("amp_mode=none,bf16")])
+    assert points == [
+        (("num_data_workers", "0"), ("amp_mode", "none")),
+        (("num_data_workers", "0"), ("amp_mode", "bf16")),
+        (("num_data_workers", "2"), ("amp_mode", "none")),
+        (("num_data_workers", "2"), ("amp_mode", "bf16")),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("num_data_workers", "expected KEY=v1,v2"),
+        ("=1,2", "expected KEY=v1,v2"),
+        ("num_data_workers=", "non-empty"),
+        ("num_data_workers=0,,2", "non-empty"),
+        ("amp_mode=none,none", "twice"),
+    ],
+)
+def test_bad_sweeps_are_clear_errors(text, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_sweep(text)
+
+
+def test_a_key_swept_twice_is_rejected_and_a_swept_key_wins_over_its_flag():
+    with pytest.raises(ConfigError, match="same key"):
+        sweep_points([parse_sweep("num_data_workers=0,1"), parse_sweep("loader.num_data_workers=2")])
+    flags = {"loader.num_data_workers": 4, "train.amp_mode": "bf16"}
+    assert flags_not_swept(flags, [parse_sweep("num_data_workers=0,1")]) == {"train.amp_mode": "bf16"}
+
+
+# ---- the command, for real, on the tiny config ------------------------------------------------------------
+
+
+def tiny_command(tiny_era5: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return ["bench", "--yaml_config", str(CONFIG_FILE), "--config", "tiny", "--set", f"data.root={tiny_era5}",
+            "--set", f"log.expdir={tmp_path}", "--set", "log.tensorboard=false", "--progress", "none",
+            "--nbatches", "3", "--ntrials", "1", "--nwarmup", "0", *extra]  # fmt: skip
+
+
+def test_dlscale_bench_runs_the_three_tests_and_writes_the_json(tiny_era5, tmp_path, capsys):
+    assert main(tiny_command(tiny_era5, tmp_path)) == 0
+    out = capsys.readouterr().out
+    summary = [line.split(" - ")[-1] for line in out.splitlines() if "BENCHY::SUMMARY::" in line]
+    assert len(summary) == 3
+    for name, line in zip(("IO", "SYNTHETIC", "FULL"), summary, strict=True):
+        assert SUMMARY[name].match(line), line
+    assert "BENCHY::VERDICT::" in out
+    run_dir = tmp_path / "tiny" / "00"
+    record = json.loads((run_dir / "benchy_result.json").read_text())
+    assert len(record["FULL"]["trial_throughput"]) == 1 and record["batch"]["local"] == 4
+    assert record["command"].startswith("dlscale bench --yaml_config ")
+    assert "--progress none --nwarmup 0 --ntrials 1 --nbatches 3" in record["command"]
+    assert not (run_dir / "checkpoints").exists()  # the bench never writes training checkpoints
+
+
+def test_dlscale_bench_sweep_writes_a_table_and_a_plot(tiny_era5, tmp_path, capsys):
+    assert main(tiny_command(tiny_era5, tmp_path, "--sweep", "num_data_workers=0,1")) == 0
+    out = capsys.readouterr().out
+    sweep_dir = tmp_path / "tiny" / "00" / "sweep_num_data_workers"
+    assert (sweep_dir / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (sweep_dir / "sweep.md").read_text()
+    assert "| num_data_workers | IO samples/s | SYNTHETIC samples/s | FULL samples/s |" in table
+    assert re.search(r"^\| 0 \| .+$", table, re.M) and re.search(r"^\| 1 \| .+$", table, re.M)
+    assert "| num_data_workers | IO samples/s" in out
+    combined = json.loads((sweep_dir / "sweep.json").read_text())
+    assert [p["overrides"] for p in combined["points"]] == [["num_data_workers=0"], ["num_data_workers=1"]]
+    assert all(Path(p["json"]).is_file() for p in combined["points"])
