@@ -29,6 +29,7 @@ import logging
 
 import torch
 
+from dlscale.runtime.cuda_graphs import capture, new_graph, on_side_stream
 from dlscale.train.step import TrainStep
 
 log = logging.getLogger("dlscale.train")
@@ -58,7 +59,7 @@ class GraphedTrainStep(TrainStep):
             )
         # Autocast's weight-cast cache would hold tensors made during capture, which replays cannot refresh.
         self.precision.cache_enabled = False
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph = None  # the captured graph, after the first full batch
         self.static_inputs: torch.Tensor | None = None
         self.static_targets: torch.Tensor | None = None
         self.static_loss: torch.Tensor | None = None
@@ -109,20 +110,17 @@ class GraphedTrainStep(TrainStep):
                 group["lr"] = self.lr_tensor
         saved = _SavedState(self.model, self.optimizer)
 
-        side_stream = torch.cuda.Stream(device=inputs.device)
-        side_stream.wait_stream(torch.cuda.current_stream(inputs.device))
-        with torch.cuda.stream(side_stream):
+        with on_side_stream(inputs.device):
             for _ in range(self.warmup_steps):
                 self.optimizer.zero_grad(set_to_none=True)
                 self.forward_backward(self.static_inputs, self.static_targets)
                 if self.capture_optimizer:
                     self.update()  # creates the optimizer state, which capture cannot allocate and fill
-        torch.cuda.current_stream(inputs.device).wait_stream(side_stream)
         saved.restore()
 
         self.optimizer.zero_grad(set_to_none=True)  # gradients are then allocated in the graph's memory pool
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        self.graph = new_graph()
+        with capture(self.graph):
             self.static_loss = self.forward_backward(self.static_inputs, self.static_targets)
             if self.capture_optimizer:
                 self.update()
