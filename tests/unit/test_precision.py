@@ -166,6 +166,7 @@ def test_graphed_step_matches_eager_losses_and_weights(amp_mode):
         device,
         step_class=GraphedTrainStep,
         warmup_steps=3,
+        batch_size=4,
         capturable=capturable,
     )
     assert graphed.capture_optimizer == capturable
@@ -176,7 +177,8 @@ def test_graphed_step_matches_eager_losses_and_weights(amp_mode):
         expected = eager(inputs, targets, global_step)
         actual = graphed(inputs, targets, global_step)
         torch.testing.assert_close(actual, expected, rtol=2e-3 if amp_mode == "none" else 2e-2, atol=1e-5)
-    assert graphed.graph is not None and graphed.eager_steps == 1  # the short last batch ran eagerly
+    assert graphed.graph is not None and graphed.eager_steps == 2  # the two short batches ran eagerly
+    assert graphed.static_inputs.shape[0] == 4
     for a, b in zip(eager.model.parameters(), graphed.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)
 
@@ -186,12 +188,21 @@ def test_graphed_step_matches_eager_losses_and_weights(amp_mode):
 def test_graph_warm_up_leaves_weights_and_optimizer_state_as_they_were():
     device = Device("cuda")
     step = make_step(
-        tiny_vit(device="cuda"), "none", device, step_class=GraphedTrainStep, warmup_steps=5, capturable=True
+        tiny_vit(device="cuda"),
+        "none",
+        device,
+        step_class=GraphedTrainStep,
+        warmup_steps=5,
+        batch_size=4,
+        capturable=True,
     )
+    step.model.blocks[0].mlp.drop1 = torch.nn.Dropout(0.5)  # warm-up steps draw random numbers
     before = [p.detach().clone() for p in step.model.parameters()]
+    random_state = torch.cuda.get_rng_state()
     inputs, targets = batch(size=4, device="cuda")
     step._capture(inputs, targets)
     torch.cuda.synchronize()
     assert all(torch.equal(b, p) for b, p in zip(before, step.model.parameters(), strict=True))
+    assert torch.equal(torch.cuda.get_rng_state(), random_state)
     for state in step.optimizer.state.values():
         assert float(state["step"]) == 0 and not state["exp_avg"].any()

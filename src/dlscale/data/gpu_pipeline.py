@@ -41,7 +41,7 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, Sampler
 
 from dlscale.runtime.device import Device
-from dlscale.runtime.transfer import CopyStream, HostFence, Transfer, host_buffer
+from dlscale.runtime.transfer import CopyStream, HostFence, Transfer, bind_thread_to, host_buffer
 
 READER_THREAD_PREFIX = "dlscale-reader"
 
@@ -157,8 +157,9 @@ class _Readers:
     iterator can garbage-collect it and run its finalizer, which stops them.
     """
 
-    def __init__(self, dataset: Dataset, num_threads: int):
+    def __init__(self, dataset: Dataset, num_threads: int, device: Device):
         self._dataset = dataset
+        self._device = device
         self._tasks: queue.SimpleQueue[_ReadTask | None] = queue.SimpleQueue()
         self._condition = threading.Condition()
         self._remaining: dict[int, int] = {}  # batch number -> samples still to read
@@ -217,6 +218,7 @@ class _Readers:
                 thread.join()
 
     def _work(self) -> None:
+        bind_thread_to(self._device)  # its event waits then use this rank's GPU, not GPU 0
         while True:
             task = self._tasks.get()
             if task is None:
@@ -373,7 +375,7 @@ class GpuPipeline:
             return iter(())
         self._prepare(batches[0][0])
         assert self._copy_stream is not None
-        readers = _Readers(self._source, self.num_threads)
+        readers = _Readers(self._source, self.num_threads, self.device)
         active = _Pass(batches, self._slots, readers, self._copy_stream, self._normalizer)
         self._active = weakref.ref(active)
         return active

@@ -30,5 +30,18 @@ def new_graph() -> torch.cuda.CUDAGraph:
 
 
 def capture(graph: torch.cuda.CUDAGraph) -> contextlib.AbstractContextManager:
-    """Record the block's kernels into ``graph`` (they are not run; ``graph.replay()`` runs them)."""
-    return torch.cuda.graph(graph)
+    """Record the block's kernels into ``graph`` (they are not run; ``graph.replay()`` runs them).
+
+    ``thread_local``: the data pipeline's threads keep querying events and allocating pinned memory while
+    the training thread captures; in the default ``global`` mode such calls from any thread break the capture.
+    """
+    return torch.cuda.graph(graph, capture_error_mode="thread_local")
+
+
+def random_state(device: torch.device) -> torch.Tensor:
+    """The device's random generator state (dropout draws from it)."""
+    return torch.cuda.get_rng_state(device)
+
+
+def restore_random_state(state: torch.Tensor, device: torch.device) -> None:
+    torch.cuda.set_rng_state(state, device)

@@ -35,6 +35,13 @@ def host_buffer(
     return torch.empty(tuple(shape), dtype=dtype, pin_memory=pinned)
 
 
+def bind_thread_to(device: Device) -> None:
+    """Make ``device`` the current GPU of the calling thread (each thread has its own; a new thread starts on
+    GPU 0, where its first CUDA call would otherwise create a context on every rank of a node)."""
+    if device.is_gpu and device.torch.index is not None:
+        torch.cuda.set_device(device.torch)
+
+
 class HostFence:
     """Tells a host thread when a copy has finished reading its host tensors, so they may be overwritten."""
 
@@ -142,6 +149,7 @@ class CopyStream:
             tensors = tuple(t.to(self.device.torch, non_blocking=True, copy=copy) for t in sources)
             if finish is not None:
                 tensors = tuple(finish(*tensors))
-            event = torch.cuda.Event()
+            # blocking: a reader thread waiting on it sleeps instead of spinning against the training thread
+            event = torch.cuda.Event(blocking=True)
             event.record(self._stream)
         return Transfer(tensors, sources, event, self.device.torch)

@@ -18,8 +18,8 @@ What cannot be captured, and runs eagerly instead:
 
 Capture needs warm-up steps on a side stream (cuDNN/cuBLAS pick their algorithms and allocate workspaces there,
 and the optimizer creates its state). Those steps would train the model on the first batch, so the weights,
-buffers and optimizer state are saved before and restored in place after: the graphed run starts from exactly
-the state an eager run would. Dropout draws different random numbers under a graph, so graphed and eager runs
+buffers, optimizer state and the device's random state are saved before and restored in place after: the
+graphed run starts from exactly the state an eager run would. Capture waits for the first full batch. Dropout draws different random numbers under a graph, so graphed and eager runs
 agree to floating-point tolerance only without dropout.
 """
 
@@ -29,7 +29,13 @@ import logging
 
 import torch
 
-from dlscale.runtime.cuda_graphs import capture, new_graph, on_side_stream
+from dlscale.runtime.cuda_graphs import (
+    capture,
+    new_graph,
+    on_side_stream,
+    random_state,
+    restore_random_state,
+)
 from dlscale.train.step import TrainStep
 
 log = logging.getLogger("dlscale.train")
@@ -45,18 +51,16 @@ def optimizer_is_capturable(optimizer_name: str, amp_mode: str) -> bool:
 class GraphedTrainStep(TrainStep):
     """A :class:`TrainStep` that captures itself on its first full batch and replays the graph afterwards."""
 
-    def __init__(self, *args, warmup_steps: int = 20, **kwargs):
+    def __init__(self, *args, batch_size: int, warmup_steps: int = 20, **kwargs):
         super().__init__(*args, **kwargs)
+        self.batch_size = batch_size  # capture waits for a full batch (a run may resume at a short last one)
         self.warmup_steps = warmup_steps
         self.capture_optimizer = (
             isinstance(self.optimizer, CAPTURABLE_OPTIMIZERS) and self.precision.scaler is None
         )
-        if self.capture_optimizer and not all(
-            g.get("capturable") or g.get("fused") for g in self.optimizer.param_groups
-        ):
-            raise ValueError(
-                "a graphed optimizer step needs an optimizer built with capturable=True (or fused)"
-            )
+        if self.capture_optimizer and not all(g.get("capturable") for g in self.optimizer.param_groups):
+            # fused=True alone is not enough: the optimizer refuses to be captured unless capturable is set.
+            raise ValueError("a graphed optimizer step needs an optimizer built with capturable=True")
         # Autocast's weight-cast cache would hold tensors made during capture, which replays cannot refresh.
         self.precision.cache_enabled = False
         self.graph = None  # the captured graph, after the first full batch
@@ -74,6 +78,8 @@ class GraphedTrainStep(TrainStep):
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor, global_step: int) -> torch.Tensor:
         if self.graph is None:
+            if inputs.shape[0] != self.batch_size:
+                return self._eager_step(inputs, targets, global_step)
             self._capture(inputs, targets)
         if inputs.shape != self.static_inputs.shape or targets.shape != self.static_targets.shape:
             return self._eager_step(inputs, targets, global_step)
@@ -133,6 +139,8 @@ class _SavedState:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer
         self.tensors = [(t, t.detach().clone()) for t in (*model.parameters(), *model.buffers())]
+        self.device = next(model.parameters()).device
+        self.random_state = random_state(self.device)  # the warm-up's dropout must not shift the run's draws
         self.optimizer_state = {
             id(p): {k: v.detach().clone() for k, v in state.items() if torch.is_tensor(v)}
             for p, state in optimizer.state.items()
@@ -140,6 +148,7 @@ class _SavedState:
 
     @torch.no_grad()
     def restore(self) -> None:
+        restore_random_state(self.random_state, self.device)
         for tensor, copy in self.tensors:
             tensor.copy_(copy)
         for param, state in self.optimizer.state.items():

@@ -111,7 +111,9 @@ def build_training(
     precision = Precision(cfg.train.amp_mode, device)
     forward = compile_model(model, cfg.train.compile_mode) if cfg.train.enable_jit else model
     step_class, extra = (
-        (GraphedTrainStep, {"warmup_steps": cfg.train.graph_warmup_steps}) if graphed else (TrainStep, {})
+        (GraphedTrainStep, {"warmup_steps": cfg.train.graph_warmup_steps, "batch_size": local_batch})
+        if graphed
+        else (TrainStep, {})
     )
     step = step_class(
         model, workload.loss, optimizer, schedule, cfg.optim.max_grad_norm, precision, forward, **extra
