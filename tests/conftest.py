@@ -12,6 +12,9 @@ CONFIG_FILE = REPO / "configs" / "vit_era5.yaml"
 
 # Tests that start processes must not oversubscribe the 2 cores of the CI machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Runs built by the tests stay on the CPU even on a GPU machine, where their bitwise checks would not hold;
+# the GPU tests (marked `gpu`) build their CUDA devices themselves.
+os.environ.setdefault("DLSCALE_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,13 @@ from dlscale.cli import main
 from dlscale.config import load_run_config
 from dlscale.errors import ConfigError, DataError
 from dlscale.perf.bench import run_benchmark, run_trials
-from dlscale.perf.bench_report import BOUND_MARGIN, OVERHEAD_MARGIN, TrialSeries, decide_bottleneck
+from dlscale.perf.bench_report import (
+    BOUND_MARGIN,
+    OVERHEAD_MARGIN,
+    TrialSeries,
+    decide_bottleneck,
+    switched_on_knobs,
+)
 from dlscale.perf.sweep import SweepSpec, flags_not_swept, parse_sweep, sweep_points
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
@@ -156,6 +162,21 @@ def test_verdicts_name_the_knobs_to_try_and_what_is_missing():
     assert "overhead unknown" in decide_bottleneck(100, 1000, None).reason
     only_full = decide_bottleneck(None, None, 100)
     assert "needs IO and SYNTHETIC" in only_full.reason and only_full.knobs == ()
+
+
+def test_verdicts_leave_out_knobs_the_run_already_uses_or_cannot_use(tiny_config):
+    compute_bound = decide_bottleneck(1000, 100, 95)
+    cfg = tiny_config("train.amp_mode=bf16", "optim.enable_fused=true")
+    on_cpu = compute_bound.for_run(switched_on_knobs(cfg), on_gpu=False)
+    assert "--enable_jit" in on_cpu.knobs
+    assert not any(
+        k.startswith(("--amp_mode", "--enable_fused", "--cuda_graphs", "--tf32")) for k in on_cpu.knobs
+    )
+    on_gpu = compute_bound.for_run(switched_on_knobs(tiny_config("train.tf32=false")), on_gpu=True)
+    assert (
+        "--cuda_graphs" in on_gpu.knobs and "--tf32 on" in on_gpu.knobs and "--amp_mode bf16" in on_gpu.knobs
+    )
+    assert "--tf32 on" not in compute_bound.for_run(switched_on_knobs(tiny_config()), on_gpu=True).knobs
 
 
 def test_summary_statistics_are_benchys_mean_and_population_std():

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from dlscale.errors import DlscaleError
+from dlscale.errors import ConfigError, DlscaleError
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo, detect_process
 from dlscale.runtime.signals import GRACEFUL_SIGNALS, StopRequest
@@ -164,12 +164,25 @@ def test_move_keeps_a_cpu_tensor() -> None:
     assert moved.device.type == "cpu"
 
 
-def test_select_prefers_cpu_on_request() -> None:
+def test_select_prefers_cpu_on_request(monkeypatch) -> None:
     assert Device.select(prefer_cpu=True).torch == torch.device("cpu")
+    monkeypatch.setenv("DLSCALE_DEVICE", "cpu")
+    assert Device.select().torch == torch.device("cpu")
+    monkeypatch.setenv("DLSCALE_DEVICE", "tpu")
+    with pytest.raises(ConfigError, match="DLSCALE_DEVICE must be auto, cpu or cuda"):
+        Device.select()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_asking_for_cuda_without_a_gpu_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.setenv("DLSCALE_DEVICE", "cuda")
+    with pytest.raises(ConfigError, match="sees no CUDA GPU"):
+        Device.select()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback; this machine has a GPU")
-def test_select_is_the_cpu_without_a_gpu() -> None:
+def test_select_is_the_cpu_without_a_gpu(monkeypatch) -> None:
+    monkeypatch.setenv("DLSCALE_DEVICE", "auto")
     for local_rank in (0, 3):
         device = Device.select(local_rank)
         assert device.torch == torch.device("cpu")

@@ -38,6 +38,7 @@ from dlscale.perf.bench_report import (
     decide_bottleneck,
     mean_throughputs,
     summary_lines,
+    switched_on_knobs,
     utilization_line,
     utilization_numbers,
 )
@@ -238,7 +239,9 @@ def run_benchmark(
             process.world_size,
         )
     tests = run_trials(setup, bench, clock)
-    verdict = decide_bottleneck(*mean_throughputs(tests))
+    verdict = decide_bottleneck(*mean_throughputs(tests)).for_run(
+        switched_on_knobs(setup.config), setup.device.is_gpu
+    )
     utilization = utilization_numbers(tests, setup.utilization, process.world_size)
     record = build_record(setup, tests, verdict, utilization, command)
     path = None

@@ -24,7 +24,7 @@ import math
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -56,6 +56,9 @@ OVERHEAD_KNOBS = (
     "--set loader.device_prefetch=true",
 )
 
+# Knobs (by their leading text) that only change anything on a GPU.
+GPU_ONLY_KNOBS = ("--cuda_graphs", "--tf32 on", "--set loader.pin_memory", "--set loader.device_prefetch")
+
 VerdictKind = Literal["IO-bound", "compute-bound", "balanced", "overhead", "inconclusive"]
 
 
@@ -74,6 +77,29 @@ class Verdict:
 
     def to_json(self) -> dict[str, object]:
         return {"kind": self.kind, "reason": self.reason, "knobs": list(self.knobs), "line": self.line()}
+
+    def for_run(self, switched_on: set[str], on_gpu: bool) -> Verdict:
+        """The same verdict without the knobs this run already uses or that need a GPU it does not have."""
+        dropped = {knob for flag in switched_on for knob in self.knobs if knob.startswith(flag)}
+        if not on_gpu:
+            dropped |= {knob for knob in self.knobs if knob.startswith(GPU_ONLY_KNOBS)}
+        return replace(self, knobs=tuple(k for k in self.knobs if k not in dropped))
+
+
+def switched_on_knobs(cfg: Any) -> set[str]:
+    """The verdict knobs (by flag) a run's config already has on."""
+    train = cfg.train
+    on = {
+        "--amp_mode": train.amp_mode != "none",
+        "--enable_fused": cfg.optim.enable_fused,
+        "--enable_jit": train.enable_jit,
+        "--cuda_graphs": train.cuda_graphs,
+        "--tf32 on": train.tf32,
+        "--data_loader_config gpu": cfg.loader.pipeline == "gpu",
+        "--set loader.device_prefetch=true": cfg.loader.device_prefetch,
+        "--set loader.pin_memory=true": cfg.loader.pin_memory is True,
+    }
+    return {flag for flag, active in on.items() if active}
 
 
 def _rate(value: float) -> str:

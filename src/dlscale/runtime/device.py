@@ -10,6 +10,8 @@ import os
 
 import torch
 
+from dlscale.errors import ConfigError
+
 
 class Device:
     """A compute device: ``cuda:<n>`` when a GPU is present, else the CPU."""
@@ -20,8 +22,17 @@ class Device:
 
     @classmethod
     def select(cls, local_rank: int = 0, prefer_cpu: bool = False) -> Device:
-        """The GPU of this local rank if there is one (and ``prefer_cpu`` is false), otherwise the CPU."""
-        if not prefer_cpu and torch.cuda.is_available():
+        """The GPU of this local rank if there is one, otherwise the CPU.
+
+        ``prefer_cpu`` or the environment variable ``DLSCALE_DEVICE=cpu`` keep a run on the CPU even on a GPU
+        machine (the test suite sets it: its bitwise-determinism checks hold on CPUs, not on GPU kernels).
+        """
+        choice = os.environ.get("DLSCALE_DEVICE", "auto").strip().lower()
+        if choice not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"DLSCALE_DEVICE must be auto, cpu or cuda, got {choice!r}")
+        if choice == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("DLSCALE_DEVICE=cuda, but torch sees no CUDA GPU on this machine")
+        if not prefer_cpu and choice != "cpu" and torch.cuda.is_available():
             index = local_rank % torch.cuda.device_count()
             torch.cuda.set_device(index)
             return cls(f"cuda:{index}")

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# What a session with a lent GPU runs, from the checkout root, in as few device calls as possible:
+#   bash benchmarks/gpu_session.sh tests     # the GPU-only tests (CUDA graphs, streams, NVTX, ...) + the suite
+#   bash benchmarks/gpu_session.sh data      # the full-grid synthetic data set for the ladder (minutes)
+#   bash benchmarks/gpu_session.sh ladder    # the optimization ladder -> benchmarks/results/ (or $OUT)
+# The machine has torch but no network: dlscale runs from the checkout (PYTHONPATH=src).
+set -euo pipefail
+export PYTHONPATH=src
+DATA=${DATA:-/tmp/era5_ladder}
+RESULTS=${OUT:-benchmarks/results}
+mkdir -p "$RESULTS"
+case "${1:-}" in
+  tests)
+    python3 -m pytest -q -rs -m gpu tests 2>&1 | tee "$RESULTS/$(date +%F)-gpu-tests.txt"
+    ;;
+  data)
+    python3 -m dlscale data synth-era5 --out "$DATA" --preset full --train-years 1 --valid-years 1 \
+      --test-years 0 --steps-per-year 520 --if-missing
+    ;;
+  ladder)
+    python3 benchmarks/ladder.py --data "$DATA" --out "$RESULTS"
+    ;;
+  *)
+    echo "usage: $0 tests|data|ladder" >&2
+    exit 2
+    ;;
+esac
