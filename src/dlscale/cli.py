@@ -173,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_arguments(bench)
 
+    scaling = commands.add_parser(
+        "scaling", help="weak/strong scaling table and plot from bench results at several GPU counts"
+    )
+    from dlscale.commands.scaling import add_scaling_arguments  # the scaling command owns its options
+
+    add_scaling_arguments(scaling)
+
     commands.add_parser("info", help="versions and the device dlscale would train on")
     return parser
 

@@ -274,7 +274,8 @@ def test_output_lines_and_json_follow_benchy(tmp_path, bench_lines):
     assert record["config"]["name"] == "tiny" and record["command"] == "dlscale bench --config tiny"
     assert record["batch"] == {"local": 4, "global": 4, "world_size": 1}
     knobs = {"amp_mode", "tf32", "enable_jit", "cuda_graphs", "enable_fused", "data_loader_config"}
-    assert set(record["knobs"]) == knobs | {"num_data_workers"}
+    assert set(record["knobs"]) == knobs | {"num_data_workers", "noddp"}
+    assert record["knobs"]["noddp"] is False
     assert record["device"].startswith("cpu") and record["torch_version"] == torch.__version__
     for key in ("dlscale_version", "date", "utilization"):
         assert key in record

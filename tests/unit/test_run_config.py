@@ -228,9 +228,6 @@ def test_overrides_beat_flat_and_nested_file_values(tmp_path):
     [
         ("parallel.tensor_parallel=2", "parallel.tensor_parallel", "1"),
         ("parallel.context_parallel=2", "parallel.context_parallel", "1"),
-        ("parallel.noddp=true", "parallel.noddp", "False"),
-        ("parallel.disable_broadcast_buffers=true", "parallel.disable_broadcast_buffers", "False"),
-        ("parallel.bucket_cap_mb=100", "parallel.bucket_cap_mb", "25.0"),
     ],
 )
 def test_later_features_say_not_available_yet(tmp_path, override, key, default):

@@ -1,4 +1,4 @@
-"""The runtime layer: launch detection, graceful-stop signals and the CPU side of the device layer."""
+"""The runtime layer: graceful-stop signals and the CPU side of the device layer (launch: test_launch.py)."""
 
 from __future__ import annotations
 
@@ -10,70 +10,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from dlscale.errors import ConfigError, DlscaleError
+from dlscale.errors import ConfigError
 from dlscale.runtime.device import Device
-from dlscale.runtime.launch import ProcessInfo, detect_process
 from dlscale.runtime.signals import GRACEFUL_SIGNALS, StopRequest
 
-# ---- detect_process --------------------------------------------------------------------------------------
-
-LAUNCH_VARIABLES = ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE")
-ALLOCATION_VARIABLES = ("SLURM_NTASKS", "SLURM_PROCID")  # set in batch scripts too: not a launch
-
-
-def test_no_launcher_means_one_process() -> None:
-    info = detect_process({})
-    assert info == ProcessInfo(rank=0, local_rank=0, world_size=1)
-    assert info.is_main
-
-
-def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    for variable in LAUNCH_VARIABLES + ALLOCATION_VARIABLES:
-        monkeypatch.delenv(variable, raising=False)
-    assert detect_process() == ProcessInfo()
-    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "3")
-    with pytest.raises(DlscaleError, match="SLURM_STEP_NUM_TASKS"):
-        detect_process()
-
-
-@pytest.mark.parametrize("variable", LAUNCH_VARIABLES)
-def test_one_process_launch_is_fine(variable: str) -> None:
-    assert detect_process({variable: "1"}) == ProcessInfo()
-
-
-@pytest.mark.parametrize(
-    ("variable", "size", "launcher"),
-    [
-        ("WORLD_SIZE", 2, "torchrun"),
-        ("SLURM_STEP_NUM_TASKS", 4, "Slurm"),
-        ("OMPI_COMM_WORLD_SIZE", 2, "Open MPI"),
-    ],
-)
-def test_multi_process_launch_is_refused(variable: str, size: int, launcher: str) -> None:
-    with pytest.raises(DlscaleError) as raised:
-        detect_process({variable: str(size), "UNRELATED": "x"})
-    message = str(raised.value)
-    assert f"{variable}={size}" in message
-    assert launcher in message
-    assert "not available yet" in message
-
-
-def test_any_multi_process_variable_is_refused_even_with_world_size_one() -> None:
-    with pytest.raises(DlscaleError, match="SLURM_STEP_NUM_TASKS=2"):
-        detect_process({"WORLD_SIZE": "1", "SLURM_STEP_NUM_TASKS": "2"})
-
-
-def test_one_process_in_a_multi_task_allocation_is_fine() -> None:
-    # In a batch script or an salloc shell of a 4-task job, a plain `dlscale train` is still one process.
-    assert detect_process({"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_JOB_ID": "1"}) == ProcessInfo()
-
-
-@pytest.mark.parametrize("variable", LAUNCH_VARIABLES)
-@pytest.mark.parametrize("value", ["two", "", "1.5"])
-def test_non_integer_size_names_the_variable(variable: str, value: str) -> None:
-    with pytest.raises(DlscaleError, match=f"{variable}='{value}'.*not an integer"):
-        detect_process({variable: value})
-
+# detect_process (launch detection) is tested in test_launch.py.
 
 # ---- StopRequest -----------------------------------------------------------------------------------------
 

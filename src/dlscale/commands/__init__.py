@@ -15,6 +15,10 @@ def run(args: argparse.Namespace) -> int:
         from dlscale.commands.bench import run_bench_command
 
         return run_bench_command(args)
+    if args.command == "scaling":
+        from dlscale.commands.scaling import run_scaling_command
+
+        return run_scaling_command(args)
     if args.command == "data":
         from dlscale.commands.data import run_data
 

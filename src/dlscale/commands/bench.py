@@ -32,6 +32,7 @@ from dlscale.perf.sweep import (
 )
 from dlscale.report.run_dir import run_directory, setup_logging
 from dlscale.runtime.device import Device
+from dlscale.runtime.distributed import start_process_group, stop_process_group
 from dlscale.runtime.launch import detect_process
 from dlscale.train.setup import build_training, describe_setup
 
@@ -103,9 +104,22 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    """Run the trials (or the sweep) described by the command line; 0 when they completed."""
+    """Run the trials (or the sweep) on every rank of the launch; 0 when they completed."""
+    process = detect_process()
     # Console logging from the start, so that messages before the first run directory exists are formatted.
-    setup_logging(None, enabled=detect_process().is_main)
+    setup_logging(None, enabled=process.is_main)
+    base = load_run_config(args.yaml_config, args.config, args.set, bench_flag_values(args))
+    start_process_group(process, Device.select(process.local_rank), base.parallel.timeout_s)
+    finished = False
+    try:
+        status = _run_bench(args)
+        finished = True
+        return status
+    finally:
+        stop_process_group(wait_for_others=finished)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
     command = command_line(args)
     flags = bench_flag_values(args)
     output = Path(args.output).expanduser().resolve() if args.output else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 from dlscale import __version__
 from dlscale.cli import tutorial_flag_values
@@ -17,7 +18,8 @@ from dlscale.report.summary import RunSummary
 from dlscale.report.tensorboard import TensorBoardReporter
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.device import Device
-from dlscale.runtime.launch import detect_process
+from dlscale.runtime.distributed import start_process_group, stop_process_group
+from dlscale.runtime.launch import ProcessInfo, detect_process
 from dlscale.runtime.signals import StopRequest
 from dlscale.train.checkpointing import CheckpointObserver
 from dlscale.train.observer import Observer
@@ -44,6 +46,25 @@ def train(
         log.info("Overrides: %s", " ".join(cfg.overrides))
     log.info("Run directory: %s", run_dir)
     device = Device.select(process.local_rank)
+    start_process_group(process, device, cfg.parallel.timeout_s)
+    finished = False
+    try:
+        status = _train_on_this_rank(cfg, process, device, run_dir, stop, extra_observers)
+        finished = True
+        return status
+    finally:
+        # After a failure, no last barrier: the other ranks may never reach it.
+        stop_process_group(wait_for_others=finished)
+
+
+def _train_on_this_rank(
+    cfg: RunConfig,
+    process: ProcessInfo,
+    device: Device,
+    run_dir: Path,
+    stop: StopRequest | None,
+    extra_observers: list[Observer] | None,
+) -> int:
     setup = build_training(cfg, run_dir, process, device, resume=not cfg.bench.enable_benchy)
     if setup.progress.completed:
         log.info(

@@ -1,7 +1,8 @@
 """The ``parallel:`` config section: how a run is laid out over GPUs (dp x tp x cp) and how DDP is tuned.
 
-This version trains on one process; the keys are accepted and validated so the tutorials' flags and configs
-parse, and any value other than the default stops with a "not available yet" message instead of being ignored.
+Data parallelism (DDP over all ranks) and its knobs work; tensor and context parallelism are accepted and
+validated so the tutorials' flags and configs parse, and sizes above 1 stop with a "not available yet" message
+instead of being ignored.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ class ParallelConfig:
     parallel_order: str = "tp-cp-dp"  # the first name gets adjacent ranks (keep it on one node's NVLink)
     bucket_cap_mb: float = 25.0  # DDP gradient bucket size
     disable_broadcast_buffers: bool = False  # DDP: do not broadcast buffers every step
-    noddp: bool = False  # do not synchronize gradients (measures compute-only scaling)
+    gradient_as_bucket_view: bool = True  # DDP: gradients live in the all-reduce buckets (saves a copy)
+    noddp: bool = False  # do not synchronize gradients (measures compute-only scaling; ranks diverge)
+    timeout_s: float = 600.0  # a collective waiting longer (a dead or hung rank) ends the job with an error
+    stop_check_every: int = 10  # steps between the ranks' agreement on a stop signal (a tiny all-reduce)
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel", "context_parallel"):
@@ -40,13 +44,7 @@ class ParallelConfig:
             raise NotAvailableYet("tensor_parallel", self.tensor_parallel, "tensor parallelism", 1)
         if self.context_parallel > 1:
             raise NotAvailableYet("context_parallel", self.context_parallel, "context parallelism", 1)
-        if self.noddp:
-            raise NotAvailableYet("noddp", True, "multi-GPU data-parallel training", False)
-        if self.disable_broadcast_buffers:
-            raise NotAvailableYet(
-                "disable_broadcast_buffers", True, "multi-GPU data-parallel training", False
-            )
-        if self.bucket_cap_mb != 25.0:
-            raise NotAvailableYet(
-                "bucket_cap_mb", self.bucket_cap_mb, "multi-GPU data-parallel training", 25.0
-            )
+        if self.timeout_s <= 0:
+            raise InvalidValue("timeout_s", f"must be > 0 seconds, got {self.timeout_s}")
+        if self.stop_check_every < 1:
+            raise InvalidValue("stop_check_every", f"must be >= 1 step, got {self.stop_check_every}")

@@ -309,6 +309,9 @@ def build_record(
                 "enable_fused": cfg.optim.enable_fused,
                 "data_loader_config": cfg.loader.data_loader_config,
                 "num_data_workers": cfg.loader.num_data_workers,
+                # Whether gradients were all-reduced: `dlscale scaling` pairs runs with and without it at
+                # one GPU count to measure the communication overhead.
+                "noddp": cfg.parallel.noddp,
             },
             "bench": {
                 name: getattr(cfg.bench, name)

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import torch
 
 from dlscale.runtime.device import Device
+from dlscale.runtime.distributed import is_distributed, sum_across_ranks_
 
 
 @dataclass
@@ -46,6 +47,8 @@ class Evaluator(Protocol):
 
     def summary(self) -> EvalSummary: ...
 
+    # Optional: reduce_across_ranks(sum_, device) sums the metrics over data-parallel ranks before summary().
+
 
 def evaluate(
     model: torch.nn.Module, loader: Any, evaluator: Evaluator, device: Device, predict: Any = None
@@ -64,6 +67,8 @@ def evaluate(
         for inputs, targets in loader:
             inputs, targets = device.move(inputs), device.move(targets)
             evaluator.update(inputs, targets, predict(inputs))
+    if is_distributed() and hasattr(evaluator, "reduce_across_ranks"):
+        evaluator.reduce_across_ranks(sum_across_ranks_, device.torch)
     device.synchronize()
     summary = evaluator.summary()
     summary.seconds = time.perf_counter() - started

@@ -6,6 +6,8 @@ on the batch size, on a short last batch, or on how samples are split over ranks
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -49,8 +51,30 @@ class MetricSums:
         """Add a batch: each value has the batch as its first dimension."""
         for name, values in per_sample.items():
             total = values.detach().double().sum(dim=0)
-            self.sums[name] = self.sums[name] + total if name in self.sums else total
+            current = self.sums.get(name)
+            self.sums[name] = total if current is None else current.to(total.device) + total
         self.count += batch_size
+
+    def sum_across_ranks(self, sum_: Callable[[torch.Tensor], None], device: torch.device) -> None:
+        """Turn this rank's sums into the sums over all ranks, with ``sum_`` an in-place all-reduce.
+
+        Every rank must hold the same names with the same shapes, also a rank that evaluated no sample: an
+        evaluator declares its metrics up front with :meth:`declare`. The sums move to ``device`` first
+        (NCCL reduces GPU tensors only).
+        """
+        for name in sorted(self.sums):
+            total = self.sums[name].to(device)
+            sum_(total)
+            self.sums[name] = total
+        count = torch.tensor([float(self.count)], dtype=torch.float64, device=device)
+        sum_(count)
+        self.count = int(count.item())
+
+    def declare(self, device: torch.device | str = "cpu", **shapes: tuple[int, ...]) -> MetricSums:
+        """Start each named sum at zero with its per-sample shape (so that empty ranks can join a reduction)."""
+        for name, shape in shapes.items():
+            self.sums[name] = torch.zeros(shape, dtype=torch.float64, device=device)
+        return self
 
     def mean(self, name: str) -> torch.Tensor:
         """The mean over all samples added so far."""

@@ -17,6 +17,7 @@ from dlscale.config.run_config import RunConfig
 from dlscale.data.pipeline import BatchSource, build_batch_source
 from dlscale.data.sampler import EvaluationSampler, TrainingSampler
 from dlscale.errors import ConfigError
+from dlscale.parallel.data_parallel import wrap_data_parallel
 from dlscale.perf.flops import Utilization, compute_precision, training_flops_per_sample
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
@@ -85,7 +86,7 @@ def build_training(
     ``resume=False`` (throughput trials) never reads a checkpoint, whatever ``checkpoint.resume`` says.
     """
     workload = get_workload(cfg.workload)
-    check_device_support(cfg, device)
+    check_device_support(cfg, device, process)
     device.configure(cfg.train.deterministic, tf32=cfg.train.tf32)
     checkpoints = CheckpointDir(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
     # Fails early, before reading any data.
@@ -109,7 +110,8 @@ def build_training(
         peak_lr, plan.total_steps, cfg.optim.warmup, cfg.optim.end_lr, cfg.optim.lr_schedule
     )
     precision = Precision(cfg.train.amp_mode, device)
-    forward = compile_model(model, cfg.train.compile_mode) if cfg.train.enable_jit else model
+    replica = wrap_data_parallel(model, cfg.parallel, process, device)  # DDP across ranks, or the model
+    forward = compile_model(replica, cfg.train.compile_mode) if cfg.train.enable_jit else replica
     step_class, extra = (
         (GraphedTrainStep, {"warmup_steps": cfg.train.graph_warmup_steps, "batch_size": local_batch})
         if graphed
@@ -175,8 +177,13 @@ def measure_utilization(
     return Utilization(estimate.flops, device.name, precision, warn_if_unknown=device.is_gpu)
 
 
-def check_device_support(cfg: RunConfig, device: Device) -> None:
+def check_device_support(cfg: RunConfig, device: Device, process: ProcessInfo) -> None:
     """Refuse switches this device cannot honour, naming the switch (instead of silently running without it)."""
+    if cfg.train.cuda_graphs and process.world_size > 1:
+        raise ConfigError(
+            f"{cfg.source} [config {cfg.name!r}]: train.cuda_graphs with {process.world_size} ranks is not "
+            "available yet (capturing DDP's all-reduces needs its own set-up); switch it off for multi-GPU runs"
+        )
     if cfg.train.cuda_graphs and not device.is_gpu:
         raise ConfigError(
             f"{cfg.source} [config {cfg.name!r}]: train.cuda_graphs needs a CUDA GPU, and this run is on "

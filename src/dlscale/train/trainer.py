@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from dlscale.errors import InvalidValue
+from dlscale.runtime.distributed import any_rank, average_across_ranks
 from dlscale.runtime.signals import StopRequest
 from dlscale.train.evaluate import evaluate
 from dlscale.train.observer import EpochReport, Observer
@@ -75,10 +76,10 @@ class Trainer:
         """Train until the plan is done ("finished") or a stop is requested ("stopped")."""
         plan, p = self.setup.plan, self.progress
         self._notify("on_train_start")
-        while p.epoch < plan.num_epochs and not self.stop.requested:
+        while p.epoch < plan.num_epochs and not self._stop_agreed(at_boundary=True):
             self._notify("on_epoch_start")
             steps, seconds = self._train_epoch()
-            if self.stop.requested:
+            if self._stop_agreed(at_boundary=True):
                 break
             self._finish_epoch(steps, seconds)
         outcome = "finished" if p.completed else "stopped"
@@ -104,6 +105,7 @@ class Trainer:
                 self._notify("on_step_start")
                 with s.markers.range(f"step {p.global_step}"):
                     loss = s.step(s.device.move(batch[0]), s.device.move(batch[1]), p.global_step)
+                    loss = average_across_ranks(loss)  # the logged loss is the global batch's
                 self._pending_loss = (
                     loss.double() if self._pending_loss is None else self._pending_loss + loss
                 )
@@ -112,7 +114,7 @@ class Trainer:
                 p.samples_seen += s.global_batch_size
                 steps += 1
                 self._notify("on_step_end", loss)
-                if p.step_in_epoch >= last_step or self.stop.requested:
+                if p.step_in_epoch >= last_step or self._stop_agreed():
                     break
             del batches  # an unfinished pass stops its reader threads or workers now
         s.device.synchronize()
@@ -151,6 +153,19 @@ class Trainer:
         p.epoch_loss_sum = 0.0
         p.completed = p.epoch >= s.plan.num_epochs
         self._notify("on_epoch_end", report)
+
+    def _stop_agreed(self, at_boundary: bool = False) -> bool:
+        """Whether to stop now. Ranks get a signal at different moments, so they agree first: at epoch
+        boundaries and every ``stop_check_every`` steps (a rank stopping on its own would leave the others
+        waiting in their next all-reduce)."""
+        if self.setup.process.world_size <= 1:
+            return self.stop.requested
+        if not at_boundary and self.progress.global_step % self.setup.config.parallel.stop_check_every:
+            return False
+        if any_rank(self.stop.requested, self.setup.device):
+            self.stop.request("a stop signal on another rank")
+            return True
+        return False
 
     def flush_loss(self) -> None:
         """Move the device-side loss sum into ``progress`` (one host sync; before checkpoints and epoch ends)."""

@@ -7,6 +7,8 @@ equals today), the baseline a forecast must beat.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -56,8 +58,15 @@ class ERA5Evaluator:
         self.reset()
 
     def reset(self) -> None:
-        self.sums = MetricSums()
+        channels = (self.n_out,)
+        self.sums = MetricSums().declare(
+            loss=(), rmse=channels, persistence_loss=(), persistence_rmse=channels
+        )
         self.example: ExampleImage | None = None
+
+    def reduce_across_ranks(self, sum_: Callable[[torch.Tensor], None], device: torch.device) -> None:
+        """Sum the metrics over data-parallel ranks (each evaluated its own share of the samples)."""
+        self.sums.sum_across_ranks(sum_, device)
 
     def update(self, inputs: torch.Tensor, targets: torch.Tensor, predictions: torch.Tensor) -> None:
         persistence = inputs[:, : self.n_out]

@@ -1,0 +1,94 @@
+"""torch.distributed for a run: start the process group for the launch, and the few collectives dlscale needs.
+
+NCCL joins GPU ranks, gloo CPU ranks. Every function here is a no-op (or the identity) in a single-process run,
+so callers never branch on the number of ranks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+import torch
+import torch.distributed as dist
+
+from dlscale.errors import DlscaleError
+from dlscale.runtime.device import Device
+from dlscale.runtime.launch import ProcessInfo
+
+log = logging.getLogger("dlscale.distributed")
+
+
+def start_process_group(process: ProcessInfo, device: Device, timeout_s: float) -> bool:
+    """Join the launch's process group; True if this run is distributed (and the group is now up).
+
+    ``timeout_s`` bounds every collective: a rank that died or hangs ends the job with an error on the
+    others after that long, instead of leaving them waiting until the allocation runs out.
+    """
+    if process.world_size <= 1:
+        return False
+    if dist.is_initialized():
+        return True
+    if not dist.is_available():
+        raise DlscaleError("this torch build has no torch.distributed; it cannot train on several processes")
+    backend = "nccl" if device.is_gpu else "gloo"
+    if process.master_addr is None or process.master_port is None:
+        raise DlscaleError(
+            f"rank {process.rank} of {process.world_size} ({process.launcher}): no master address to meet the "
+            "other ranks at; set MASTER_ADDR and MASTER_PORT"
+        )
+    # IPv6 addresses need brackets in a URL.
+    host = f"[{process.master_addr}]" if ":" in process.master_addr else process.master_addr
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{host}:{process.master_port}",
+        rank=process.rank,
+        world_size=process.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    log.info("Joined the %s process group: %s", backend, process)
+    return True
+
+
+def stop_process_group(wait_for_others: bool = True) -> None:
+    """Leave the process group, by default after a last barrier (no rank exits while another still saves)."""
+    if dist.is_available() and dist.is_initialized():
+        if wait_for_others:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def average_across_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The mean of ``tensor`` over all ranks (a new tensor; ``tensor`` itself when single-process).
+
+    Queued on the device like any kernel: no host synchronization.
+    """
+    if not is_distributed():
+        return tensor
+    total = tensor.detach().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total / dist.get_world_size()
+
+
+def any_rank(flag: bool, device: Device) -> bool:
+    """True if ``flag`` is true on any rank (every rank must call this at the same point)."""
+    if not is_distributed():
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=device.torch)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def sum_across_ranks_(tensor: torch.Tensor) -> None:
+    """Replace ``tensor`` by its sum over all ranks, in place (every rank calls this with the same shape)."""
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()

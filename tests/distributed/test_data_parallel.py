@@ -1,0 +1,121 @@
+"""Data parallelism on CPU with gloo: 2 ranks train exactly like 1 rank with the whole batch, validation sums
+over ranks, a stop reaches every rank, and a 2-rank checkpoint continues on 1 rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from forked_ranks import run_ranks
+
+from dlscale.commands.train import train
+from dlscale.config import load_run_config
+from dlscale.train.checkpoint import load_checkpoint
+from dlscale.train.observer import Observer
+
+CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
+
+
+def tiny(data: Path, expdir: Path, *overrides: str):
+    settings = [f"data.root={data}", f"log.expdir={expdir}", "log.progress=none", "log.tensorboard=false"]
+    return load_run_config(CONFIG_FILE, "tiny", [*settings, *overrides])
+
+
+class KeepWeights(Observer):
+    """Keeps this rank's final weights (only rank 0 writes checkpoints)."""
+
+    weights: dict[str, np.ndarray] = {}
+
+    def on_train_end(self, trainer, outcome: str) -> None:
+        KeepWeights.weights = {
+            k: v.detach().cpu().numpy() for k, v in trainer.setup.model.state_dict().items()
+        }
+
+
+class StopOnOneRank(Observer):
+    """A signal that reaches only rank 1, after step ``step``."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, trainer, loss) -> None:
+        if trainer.setup.process.rank == 1 and trainer.progress.global_step == self.step:
+            trainer.stop.request("SIGTERM")
+
+
+def train_rank(rank: int, data: Path, expdir: Path, overrides: tuple[str, ...], stop_step: int | None = None):
+    observers = [KeepWeights()] + ([StopOnOneRank(stop_step)] if stop_step is not None else [])
+    status = train(tiny(data, expdir, *overrides), extra_observers=observers)
+    return status, KeepWeights.weights
+
+
+def checkpoint(expdir: Path) -> dict:
+    return load_checkpoint(expdir / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")
+
+
+def assert_close_weights(expected: dict, actual: dict, what: str) -> None:
+    assert expected.keys() == actual.keys()
+    for key in expected:
+        np.testing.assert_allclose(
+            np.asarray(actual[key]), np.asarray(expected[key]), rtol=1e-4, atol=2e-6, err_msg=f"{what}: {key}"
+        )
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        pytest.param((), id="defaults"),
+        pytest.param(
+            (
+                "parallel.bucket_cap_mb=0.01",
+                "parallel.disable_broadcast_buffers=true",
+                "parallel.gradient_as_bucket_view=false",
+            ),
+            id="small-buckets-no-broadcast",
+        ),
+    ],
+)
+def test_two_ranks_train_like_one_rank_with_the_whole_batch(tiny_era5, tmp_path, knobs):
+    single = tiny(tiny_era5, tmp_path / "one", "train.num_epochs=1", *knobs)
+    train(single)
+    results = run_ranks(2, train_rank, tiny_era5, tmp_path / "two", ("train.num_epochs=1", *knobs))
+    assert [status for status, _ in results] == [0, 0]
+    expected, actual = checkpoint(tmp_path / "one"), checkpoint(tmp_path / "two")
+    assert actual["meta"]["world_size"] == 2 and actual["meta"]["global_batch_size"] == 4
+    weights = {k: v.numpy() for k, v in expected["model"].items()}
+    assert_close_weights(weights, {k: v.numpy() for k, v in actual["model"].items()}, "checkpoint")
+    assert_close_weights(results[0][1], results[1][1], "rank 1 vs rank 0")
+    (one,), (two,) = expected["progress"]["history"], actual["progress"]["history"]
+    assert two["train_loss"] == pytest.approx(one["train_loss"], rel=1e-5)  # the loss of the global batch
+    assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)  # validation summed over both ranks
+
+
+def test_noddp_leaves_the_ranks_diverged(tiny_era5, tmp_path):
+    results = run_ranks(2, train_rank, tiny_era5, tmp_path, ("train.num_epochs=1", "parallel.noddp=true"))
+    first, second = results[0][1], results[1][1]
+    assert any(not np.allclose(first[key], second[key]) for key in first)
+
+
+def test_a_signal_on_one_rank_stops_both_and_the_run_continues_on_one_rank(tiny_era5, tmp_path):
+    expdir = tmp_path / "resumed"
+    overrides = ("parallel.stop_check_every=2",)
+    results = run_ranks(2, train_rank, tiny_era5, expdir, overrides, 3)
+    assert [status for status, _ in results] == [0, 0]
+    saved = checkpoint(expdir)
+    assert saved["progress"]["global_step"] == 4  # the next agreement point after the signal at step 3
+    assert not saved["progress"]["completed"]
+
+    train(tiny(tiny_era5, expdir))  # the same run, now on 1 process
+    reference = tiny(tiny_era5, tmp_path / "reference")
+    train(reference)
+    expected, actual = checkpoint(tmp_path / "reference"), checkpoint(expdir)
+    assert actual["progress"]["completed"]
+    assert_close_weights(
+        {k: v.numpy() for k, v in expected["model"].items()},
+        {k: v.numpy() for k, v in actual["model"].items()},
+        "resumed on 1 rank",
+    )
+    assert [r["val_loss"] for r in actual["progress"]["history"]] == pytest.approx(
+        [r["val_loss"] for r in expected["progress"]["history"]], rel=1e-5
+    )
