@@ -7,10 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from forked_ranks import run_ranks
 
 from dlscale.commands.train import train
 from dlscale.config import load_run_config
+from dlscale.errors import ConfigError
+from dlscale.parallel.data_parallel import wrap_data_parallel
+from dlscale.runtime.device import Device
+from dlscale.runtime.launch import ProcessInfo
 from dlscale.train.checkpoint import load_checkpoint
 from dlscale.train.observer import Observer
 
@@ -99,9 +104,12 @@ def test_noddp_leaves_the_ranks_diverged(tiny_era5, tmp_path):
 
 def test_a_signal_on_one_rank_stops_both_and_the_run_continues_on_one_rank(tiny_era5, tmp_path):
     expdir = tmp_path / "resumed"
-    overrides = ("parallel.stop_check_every=2",)
+    overrides = ("parallel.stop_check_every=2", "log.rank_logs=true")
     results = run_ranks(2, train_rank, tiny_era5, expdir, overrides, 3)
     assert [status for status, _ in results] == [0, 0]
+    rank_log = (expdir / "tiny" / "00" / "ranks" / "rank1.log").read_text()
+    assert "Joined the gloo process group" in rank_log and "rank 1 of 2" in rank_log
+    assert not (expdir / "tiny" / "00" / "ranks" / "rank0.log").exists()  # rank 0 writes out.log
     saved = checkpoint(expdir)
     assert saved["progress"]["global_step"] == 4  # the next agreement point after the signal at step 3
     assert not saved["progress"]["completed"]
@@ -119,3 +127,16 @@ def test_a_signal_on_one_rank_stops_both_and_the_run_continues_on_one_rank(tiny_
     assert [r["val_loss"] for r in actual["progress"]["history"]] == pytest.approx(
         [r["val_loss"] for r in expected["progress"]["history"]], rel=1e-5
     )
+
+
+def test_dataparallel_mode_is_one_process_and_refuses_a_multi_process_launch(tiny_era5, tmp_path, caplog):
+    plain = tiny(tiny_era5, tmp_path / "plain", "train.num_epochs=1")
+    single = tiny(tiny_era5, tmp_path / "dp", "train.num_epochs=1", "parallel.data_parallel=dataparallel")
+    train(plain)
+    train(single)  # no GPUs to split over here: it trains exactly like the plain model
+    for key, value in checkpoint(tmp_path / "plain")["model"].items():
+        assert np.array_equal(value.numpy(), checkpoint(tmp_path / "dp")["model"][key].numpy()), key
+    with pytest.raises(ConfigError, match="drives all GPUs from one process, but 2 processes"):
+        wrap_data_parallel(
+            torch.nn.Linear(2, 2), single.parallel, ProcessInfo(rank=0, world_size=2), Device("cpu")
+        )

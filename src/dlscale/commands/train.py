@@ -13,7 +13,7 @@ from dlscale.perf.bench import run_benchmark
 from dlscale.perf.profile import build_profiling
 from dlscale.report.console import ConsoleReporter
 from dlscale.report.progress import ProgressReporter
-from dlscale.report.run_dir import run_directory, setup_logging
+from dlscale.report.run_dir import run_directory, setup_rank_logging
 from dlscale.report.summary import RunSummary
 from dlscale.report.tensorboard import TensorBoardReporter
 from dlscale.runtime.atomic_files import write_text_atomically
@@ -40,7 +40,7 @@ def train(
     """Train the run described by ``cfg``; returns 0 when it finished or stopped cleanly (checkpoint saved)."""
     process = detect_process()
     run_dir = run_directory(cfg.log, cfg.name)
-    setup_logging(run_dir / "out.log", enabled=process.is_main)
+    setup_rank_logging(cfg.log, run_dir, process)
     log.info("dlscale %s: config %r from %s (workload %s)", __version__, cfg.name, cfg.source, cfg.workload)
     if cfg.overrides:
         log.info("Overrides: %s", " ".join(cfg.overrides))

@@ -8,6 +8,7 @@ instead of being ignored.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from dlscale.errors import InvalidValue, NotAvailableYet
 
@@ -21,6 +22,7 @@ class ParallelConfig:
     tensor_parallel: int = 1  # ranks that split each layer's hidden dimension and heads (tp)
     context_parallel: int = 1  # ranks that split the token sequence (cp)
     parallel_order: str = "tp-cp-dp"  # the first name gets adjacent ranks (keep it on one node's NVLink)
+    data_parallel: Literal["ddp", "dataparallel"] = "ddp"  # dataparallel: one process drives all its GPUs
     bucket_cap_mb: float = 25.0  # DDP gradient bucket size
     disable_broadcast_buffers: bool = False  # DDP: do not broadcast buffers every step
     gradient_as_bucket_view: bool = True  # DDP: gradients live in the all-reduce buckets (saves a copy)

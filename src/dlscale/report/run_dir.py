@@ -11,7 +11,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from tqdm import tqdm
 
@@ -33,12 +33,24 @@ class LogConfig:
     progress_interval_s: float = 30.0  # seconds between plain progress lines
     tensorboard: bool = True  # write TensorBoard scalars and images
     image_channel: str | None = None  # channel of the prediction-vs-target image; null: the workload's choice
+    rank_logs: bool = False  # every other rank also logs, to <run>/ranks/rank<N>.log (for debugging)
 
     def __post_init__(self) -> None:
         if not self.run_num or "/" in self.run_num:
             raise InvalidValue("run_num", f"must be a non-empty name without '/', got {self.run_num!r}")
         if self.progress_interval_s <= 0:
             raise InvalidValue("progress_interval_s", f"must be > 0, got {self.progress_interval_s}")
+
+
+def setup_rank_logging(cfg: LogConfig, run_dir: Path, process: Any) -> None:
+    """Rank 0 logs to the console and ``out.log``; the other ranks stay quiet, or with ``rank_logs`` write
+    their own lines to ``ranks/rank<N>.log`` (not the console, where N ranks' lines would interleave)."""
+    if process.is_main:
+        setup_logging(run_dir / "out.log")
+    elif cfg.rank_logs:
+        setup_logging(run_dir / "ranks" / f"rank{process.rank}.log", console=False)
+    else:
+        setup_logging(None, enabled=False)
 
 
 def run_directory(cfg: LogConfig, config_name: str) -> Path:
@@ -56,8 +68,9 @@ class _TqdmAwareHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-def setup_logging(log_file: Path | None, enabled: bool = True) -> logging.Logger:
-    """Log to stdout (and ``log_file``) in the tutorials' format; ``enabled=False`` silences this process."""
+def setup_logging(log_file: Path | None, enabled: bool = True, console: bool = True) -> logging.Logger:
+    """Log to stdout (unless ``console`` is false) and ``log_file`` in the tutorials' format;
+    ``enabled=False`` silences this process (warnings and errors still reach the console)."""
     logger = logging.getLogger(LOGGER_NAME)
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
@@ -65,9 +78,10 @@ def setup_logging(log_file: Path | None, enabled: bool = True) -> logging.Logger
     logger.setLevel(logging.INFO if enabled else logging.WARNING)
     logger.propagate = False
     formatter = logging.Formatter(LOG_FORMAT)
-    console = _TqdmAwareHandler(sys.stdout)
-    console.setFormatter(formatter)
-    logger.addHandler(console)
+    if console or not enabled:
+        stream = _TqdmAwareHandler(sys.stdout)
+        stream.setFormatter(formatter)
+        logger.addHandler(stream)
     if log_file is not None and enabled:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         file_handler = logging.FileHandler(log_file)

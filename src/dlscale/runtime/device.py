@@ -87,6 +87,10 @@ class Device:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by deterministic cuBLAS
             torch.use_deterministic_algorithms(True)
 
+    def visible_gpu_count(self) -> int:
+        """GPUs this process can drive (0 on a CPU run)."""
+        return torch.cuda.device_count() if self.is_gpu else 0
+
     def release_cached_memory(self) -> None:
         """Give the caching allocator's free blocks back to the GPU (between benchmark runs)."""
         if self.is_gpu:

@@ -46,7 +46,7 @@ def start_process_group(process: ProcessInfo, device: Device, timeout_s: float) 
         world_size=process.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-    log.info("Joined the %s process group: %s", backend, process)
+    log.info("Joined the %s process group: %s", backend, process.describe())
     return True
 
 
