@@ -38,19 +38,20 @@ class KeepWeights(Observer):
         }
 
 
-class StopOnOneRank(Observer):
-    """A signal that reaches only rank 1, after step ``step``."""
+class StopAtStep(Observer):
+    """A signal after step ``step`` that reaches only rank ``rank`` (every rank when None)."""
 
-    def __init__(self, step: int):
-        self.step = step
+    def __init__(self, step: int, rank: int | None = None):
+        self.step, self.rank = step, rank
 
     def on_step_end(self, trainer, loss) -> None:
-        if trainer.setup.process.rank == 1 and trainer.progress.global_step == self.step:
+        on_this_rank = self.rank is None or trainer.setup.process.rank == self.rank
+        if on_this_rank and trainer.progress.global_step == self.step:
             trainer.stop.request("SIGTERM")
 
 
 def train_rank(rank: int, data: Path, expdir: Path, overrides: tuple[str, ...], stop_step: int | None = None):
-    observers = [KeepWeights()] + ([StopOnOneRank(stop_step)] if stop_step is not None else [])
+    observers = [KeepWeights()] + ([StopAtStep(stop_step, rank=1)] if stop_step is not None else [])
     status = train(tiny(data, expdir, *overrides), extra_observers=observers)
     return status, KeepWeights.weights
 
@@ -140,3 +141,23 @@ def test_dataparallel_mode_is_one_process_and_refuses_a_multi_process_launch(tin
         wrap_data_parallel(
             torch.nn.Linear(2, 2), single.parallel, ProcessInfo(rank=0, world_size=2), Device("cpu")
         )
+
+
+def test_a_one_rank_checkpoint_continues_on_two_ranks(tiny_era5, tmp_path):
+    expdir = tmp_path / "grown"
+    train(tiny(tiny_era5, expdir), extra_observers=[StopAtStep(5)])  # mid-epoch, on one process
+    assert checkpoint(expdir)["progress"]["global_step"] == 5
+    results = run_ranks(2, train_rank, tiny_era5, expdir, ())
+    assert [status for status, _ in results] == [0, 0]
+    reference = tmp_path / "reference"
+    train(tiny(tiny_era5, reference))
+    expected, actual = checkpoint(reference), checkpoint(expdir)
+    assert actual["progress"]["completed"] and actual["meta"]["world_size"] == 2
+    assert_close_weights(
+        {k: v.numpy() for k, v in expected["model"].items()},
+        {k: v.numpy() for k, v in actual["model"].items()},
+        "grown from 1 to 2 ranks",
+    )
+    assert [r["val_loss"] for r in actual["progress"]["history"]] == pytest.approx(
+        [r["val_loss"] for r in expected["progress"]["history"]], rel=1e-5
+    )
