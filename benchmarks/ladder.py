@@ -197,7 +197,12 @@ def run_ladder(args: argparse.Namespace) -> dict:
             record = results.record
             row.update(
                 {
-                    name: {"mean": series.mean, "std": series.std, "peak_memory_gb": series.peak_memory_gb}
+                    name: {
+                        "mean": series.mean,
+                        "std": series.std,
+                        "peak_memory_gb": series.peak_memory_gb,
+                        "energy": series.energy,
+                    }
                     for name, series in results.tests.items()
                 }
             )
@@ -245,22 +250,25 @@ def markdown(result: dict) -> str:
         f"- trials: {result['bench']['nwarmup']} warm-up + {result['bench']['ntrials']} recorded, "
         f"{result['bench']['nbatches']} batches each; global samples/s (mean)",
         "",
-        "| rung | what changed | IO | SYNTHETIC | FULL | FULL/SYN | TFLOP/s (FULL) | MFU (FULL) | peak mem GB | verdict |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| rung | what changed | IO | SYNTHETIC | FULL | FULL/SYN | TFLOP/s (FULL) | MFU (FULL) | peak mem GB "
+        "| samples/J (FULL) | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in result["rungs"]:
         if "skipped" in row:
-            lines.append(f"| {row['rung']} | {row['description']} | skipped: {row['skipped']} |||||||| |")
+            lines.append(f"| {row['rung']} | {row['description']} | skipped: {row['skipped']} ||||||||| |")
             continue
         io, syn, full = (row.get(name, {}).get("mean") for name in ("IO", "SYNTHETIC", "FULL"))
         ratio = full / syn if full and syn else None
         util = row.get("utilization", {}).get("FULL", {})
         mfu = util.get("mfu")
         memory = row.get("FULL", {}).get("peak_memory_gb")
+        energy = row.get("FULL", {}).get("energy") or {}
         lines.append(
             f"| {row['rung']} | {row['description']} | {_number(io)} | {_number(syn)} | {_number(full)} | "
             f"{_number(ratio, 2)} | {_number(util.get('tflops_per_gpu'), 2)} | "
-            f"{'-' if mfu is None else f'{100 * mfu:.1f}%'} | {_number(memory, 2)} | {row['verdict']['kind']} |"
+            f"{'-' if mfu is None else f'{100 * mfu:.1f}%'} | {_number(memory, 2)} | "
+            f"{_number(energy.get('samples_per_joule'), 3)} | {row['verdict']['kind']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -180,6 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_scaling_arguments(scaling)
 
+    monitor = commands.add_parser(
+        "monitor", help="live view of the local GPUs' utilization, power, energy and memory, and the host"
+    )
+    from dlscale.commands.monitor import add_monitor_arguments  # the monitor command owns its options
+
+    add_monitor_arguments(monitor)
+
     commands.add_parser("info", help="versions and the device dlscale would train on")
     return parser
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -175,6 +176,7 @@ def test_crash_without_saving_resumes_from_the_last_periodic_checkpoint(tiny_con
     crashed = tiny_config("checkpoint.save_every_steps=4", expdir=tmp_path / "crashed")
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(crashed, extra_observers=[CrashAtStep(6)])
+    assert not [t for t in threading.enumerate() if t.name == "dlscale-monitor"]  # stopped with the run
     assert final_state(crashed)["progress"]["global_step"] == 4
     train(crashed)
     assert_bitwise_equal(final_state(reference)["model"], final_state(crashed)["model"], "model")

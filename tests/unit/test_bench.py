@@ -411,3 +411,46 @@ def test_dlscale_bench_sweep_writes_a_table_and_a_plot(tiny_era5, tmp_path, caps
     combined = json.loads((sweep_dir / "sweep.json").read_text())
     assert [p["overrides"] for p in combined["points"]] == [["num_data_workers=0"], ["num_data_workers=1"]]
     assert all(Path(p["json"]).is_file() for p in combined["points"])
+
+
+def test_each_test_reports_the_energy_and_power_of_the_gpu(tmp_path, bench_lines, monkeypatch):
+    """With a GPU backend (a fake one here: 350 W of 700 W, 90% utilization), every test gets its energy."""
+    from dlscale.runtime.gpu_metrics import GpuReading
+
+    class ConstantGpu:
+        name = "fake"
+        closed = False
+
+        def read(self):
+            return [GpuReading(0, "Fake H100", 90.0, 10.0, 80.0, 350.0, 700.0, None, 60.0, 1980.0)]
+
+        def close(self):
+            ConstantGpu.closed = True
+
+    monkeypatch.setattr("dlscale.perf.bench.open_gpu_backend", lambda indices: ConstantGpu())
+    loader = CountingLoader(num_batches=3, cost=lambda: time.sleep(0.01))
+    step = CountingStep(cost=lambda: time.sleep(0.03))
+    setup = fake_setup(bench_config("nwarmup=0", "ntrials=2", "nbatches=4"), loader, step)
+    setup.device = SimpleNamespace(
+        is_gpu=True,
+        name="Fake H100",
+        torch=torch.device("cpu"),
+        synchronize=lambda: None,
+        reset_peak_memory=lambda: None,
+        peak_memory_gb=lambda: None,
+        move=lambda t: t,
+    )
+    results = run_benchmark(setup, tmp_path)
+    for name, series in results.tests.items():
+        energy = series.energy
+        samples = 2 * 4 * 4  # trials x batches x local batch
+        assert energy["mean_power_w"] == pytest.approx(350.0) and energy["power_limit_w"] == 700.0, name
+        assert energy["energy_j"] > 0 and energy["joules_per_sample"] * samples == pytest.approx(
+            energy["energy_j"]
+        )
+        assert energy["samples_per_joule"] == pytest.approx(1 / energy["joules_per_sample"])
+    assert ConstantGpu.closed
+    (line,) = [line for line in bench_lines if line.startswith("BENCHY::ENERGY::")]
+    assert "FULL" in line and "350 W of 700 W" in line and "90% utilization" in line
+    record = json.loads((tmp_path / "benchy_result.json").read_text())
+    assert record["summary"]["FULL"]["energy"]["mean_power_w"] == pytest.approx(350.0)

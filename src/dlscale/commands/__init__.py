@@ -19,6 +19,10 @@ def run(args: argparse.Namespace) -> int:
         from dlscale.commands.scaling import run_scaling_command
 
         return run_scaling_command(args)
+    if args.command == "monitor":
+        from dlscale.commands.monitor import run_monitor_command
+
+        return run_monitor_command(args)
     if args.command == "data":
         from dlscale.commands.data import run_data
 

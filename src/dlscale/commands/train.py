@@ -10,6 +10,7 @@ from dlscale import __version__
 from dlscale.cli import tutorial_flag_values
 from dlscale.config import RunConfig, load_run_config
 from dlscale.perf.bench import run_benchmark
+from dlscale.perf.monitor_observer import MonitorObserver
 from dlscale.perf.profile import build_profiling
 from dlscale.report.console import ConsoleReporter
 from dlscale.report.progress import ProgressReporter
@@ -86,9 +87,15 @@ def _train_on_this_rank(
     # Profilers attach on every rank (they decide themselves which ranks record).
     setup.markers, profilers = build_profiling(cfg.profile, setup)
     setup.step.markers = setup.markers
-    observers = build_observers(setup) + profilers + (extra_observers or [])
-    with stop or StopRequest() as stop_request:
-        Trainer(setup, observers, stop_request).fit()
+    # The GPU/host monitor runs on every rank too: its end-of-run report gathers numbers from all of them.
+    monitors = [MonitorObserver()] if cfg.monitor.enable_monitor else []
+    observers = build_observers(setup) + profilers + monitors + (extra_observers or [])
+    try:
+        with stop or StopRequest() as stop_request:
+            Trainer(setup, observers, stop_request).fit()
+    finally:
+        for monitor in monitors:
+            monitor.close()  # its sampler thread must not outlive a run that failed
     return 0
 
 

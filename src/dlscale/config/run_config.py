@@ -8,7 +8,7 @@ Layout of a config (see ``configs/vit_era5.yaml``)::
       data:   {...}            # owned by the workload's data reader
       model:  {...}            # owned by the workload's model
       loader: {...}  optim: {...}  train: {...}  checkpoint: {...}  log: {...}  parallel: {...}
-      profile: {...}  bench: {...}
+      profile: {...}  bench: {...}  monitor: {...}
 
 Every key has exactly one home, so a key may also be written *flat* at the top of a section, the way the
 tutorials' own YAML files are written (``lr: 5E-4`` means ``optim: {lr: 5E-4}``). An original tutorial
@@ -37,6 +37,7 @@ from dlscale.data.loader import LoaderConfig
 from dlscale.errors import ConfigError
 from dlscale.parallel.layout import ParallelConfig
 from dlscale.perf.bench_config import BenchConfig
+from dlscale.perf.monitor_config import MonitorConfig
 from dlscale.perf.profile_config import ProfileConfig
 from dlscale.report.run_dir import LogConfig
 from dlscale.train.optim import OptimConfig
@@ -55,6 +56,7 @@ GENERIC_SECTIONS: dict[str, type] = {
     "parallel": ParallelConfig,
     "profile": ProfileConfig,
     "bench": BenchConfig,
+    "monitor": MonitorConfig,
 }
 SECTION_ORDER = ("data", "model", *GENERIC_SECTIONS)
 
@@ -82,6 +84,7 @@ class RunConfig:
     parallel: ParallelConfig
     profile: ProfileConfig
     bench: BenchConfig
+    monitor: MonitorConfig
     overrides: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ and writes files (benchy's rule); the verdict is drawn from rank 0's timings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -36,13 +37,16 @@ from dlscale.perf.bench_report import (
     Verdict,
     build_record,
     decide_bottleneck,
+    energy_line,
     mean_throughputs,
     summary_lines,
     switched_on_knobs,
     utilization_line,
     utilization_numbers,
 )
+from dlscale.perf.monitor import MetricsSampler, summarize
 from dlscale.runtime.atomic_files import write_text_atomically
+from dlscale.runtime.gpu_metrics import open_gpu_backend
 
 log = logging.getLogger("dlscale.bench")
 
@@ -115,6 +119,8 @@ class TrialDriver:
         self.global_step = 0
         self.batches = EndlessBatches(setup.train_loader, getattr(setup, "train_sampler", None))
         self._print = log.info if setup.process.is_main else _silent
+        device = setup.device
+        self.gpu_metrics = open_gpu_backend([device.torch.index or 0]) if device.is_gpu else None
 
     def run(self) -> dict[str, TrialSeries]:
         """IO, then SYNTHETIC, then FULL (benchy's order), each only if enabled."""
@@ -137,6 +143,8 @@ class TrialDriver:
                 tests["FULL"] = self._run_test("FULL", lambda: self._train_step(*self._fetch_to_device()))
         finally:
             self.batches.close()
+            if self.gpu_metrics is not None:
+                self.gpu_metrics.close()
         return tests
 
     def _fetch_to_device(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,6 +161,23 @@ class TrialDriver:
         b, device = self.bench, self.setup.device
         series = TrialSeries(name)
         device.reset_peak_memory()
+        # Power and energy of this rank's GPU over the test (samples per joule for the ladder); none on a CPU.
+        sampler = MetricsSampler(self.gpu_metrics, interval_s=0.1) if self.gpu_metrics is not None else None
+        with sampler if sampler is not None else contextlib.nullcontext():
+            self._run_trials(name, series, iteration, before_trial)
+        series.peak_memory_gb = device.peak_memory_gb()
+        samples_read = (b.nwarmup + b.ntrials) * b.nbatches * self.setup.local_batch_size
+        series.energy = test_energy(sampler, samples_read) if sampler is not None else None
+        return series
+
+    def _run_trials(
+        self,
+        name: str,
+        series: TrialSeries,
+        iteration: Callable[[], Any],
+        before_trial: Callable[[], Any] | None,
+    ) -> None:
+        b = self.bench
         for index in range(b.nwarmup + b.ntrials):
             warmup = index < b.nwarmup
             label = f"{name}_WARMUP_{index}" if warmup else f"{name}_{index - b.nwarmup}"
@@ -164,8 +189,6 @@ class TrialDriver:
                 series.avg_iter_throughput.append(sum(rates) / len(rates))
                 series.trial_throughput.append(throughput)
                 series.trial_time.append(elapsed)
-        series.peak_memory_gb = device.peak_memory_gb()
-        return series
 
     def _timed_trial(self, label: str, iteration: Callable[[], Any]) -> tuple[list[float], float, float]:
         """Time ``nbatches`` iterations: their rates (samples/s), the trial's seconds and its samples/s."""
@@ -205,6 +228,24 @@ def _distributed() -> bool:
 def _per_second(samples: float, seconds: float) -> float:
     # A coarse or fake clock can report zero seconds; a tiny floor keeps the rate finite (and valid JSON).
     return samples / max(seconds, 1e-12)
+
+
+def test_energy(sampler: MetricsSampler, samples: int) -> dict[str, float | None] | None:
+    """Energy, power and utilization of this rank's GPU over one test, and joules per sample it read."""
+    gpus = summarize(sampler.samples).gpus
+    if not gpus:
+        return None
+    gpu = gpus[0]
+    joules = gpu.energy_j if gpu.energy_source != "none" else None
+    return {
+        "energy_j": joules,
+        "joules_per_sample": joules / samples if joules and samples else None,
+        "samples_per_joule": samples / joules if joules else None,
+        "mean_power_w": gpu.mean_power_w,
+        "power_limit_w": gpu.power_limit_w,
+        "mean_utilization_pct": gpu.mean_utilization_pct,
+        "sampler_overhead": sampler.overhead_fraction,
+    }
 
 
 def run_trials(
@@ -250,6 +291,9 @@ def run_benchmark(
             log.info("%s", line)
         if utilization:
             log.info("%s", utilization_line(utilization, setup.utilization.describe()))
+        energy = energy_line(tests)
+        if energy:
+            log.info("%s", energy)
         memory = [f"{n} {t.peak_memory_gb:.2f} GB" for n, t in tests.items() if t.peak_memory_gb is not None]
         if memory:
             log.info("BENCHY::MEMORY::peak device memory: %s", "; ".join(memory))

@@ -192,6 +192,7 @@ class TrialSeries:
     trial_throughput: list[float] = field(default_factory=list)  # global samples/s of each trial
     trial_time: list[float] = field(default_factory=list)  # seconds of each trial
     peak_memory_gb: float | None = None  # device memory peak over the test (None on the CPU)
+    energy: dict[str, float | None] | None = None  # this rank's GPU energy and power over the test (GPU only)
 
     @property
     def mean(self) -> float:
@@ -257,16 +258,35 @@ def benchy_record(nranks: int, tests: Mapping[str, TrialSeries]) -> dict[str, ob
 
 
 def summary_record(tests: Mapping[str, TrialSeries]) -> dict[str, dict[str, object]]:
-    """dlscale's per-test summary: mean, std, number of trials and peak memory."""
+    """dlscale's per-test summary: mean, std, number of trials, peak memory, and GPU energy and power."""
     return {
         name: {
             "mean": t.mean,
             "std": t.std,
             "ntrials": len(t.trial_throughput),
             "peak_memory_gb": t.peak_memory_gb,
+            "energy": t.energy,
         }
         for name, t in tests.items()
     }
+
+
+def energy_line(tests: Mapping[str, TrialSeries]) -> str | None:
+    """``BENCHY::ENERGY::`` with J/sample, power and utilization per test (rank 0's GPU), if measured."""
+    parts = []
+    for name, t in tests.items():
+        e = t.energy
+        if not e or e.get("joules_per_sample") is None:
+            continue
+        power = f"{e['mean_power_w']:.0f} W" if e.get("mean_power_w") is not None else "? W"
+        if e.get("power_limit_w"):
+            power += f" of {e['power_limit_w']:.0f} W"
+        util = e.get("mean_utilization_pct")
+        parts.append(
+            f"{name} {e['joules_per_sample']:.3g} J/sample ({e['samples_per_joule']:.3g} samples/J), {power}"
+            + (f", {util:.0f}% utilization" if util is not None else "")
+        )
+    return "BENCHY::ENERGY::" + "; ".join(parts) if parts else None
 
 
 def mean_throughputs(tests: Mapping[str, TrialSeries]) -> Sequence[float | None]:

@@ -1,0 +1,249 @@
+"""The monitor in a training run: sampling on every rank, a CSV per rank, TensorBoard and the efficiency
+report on rank 0, and the spread across ranks with the slowest one named.
+
+Files: ``<run_dir>/monitor/rank<N>.csv`` (appended on resume), ``<run_dir>/monitor/efficiency.json`` (this
+attempt only) and TensorBoard events in ``<run_dir>/tensorboard/monitor``: a directory of its own because the
+trainer's writer purges events past the resumed step, a step axis that means nothing for time-based samples.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dlscale.perf.monitor import NO_GPU_MESSAGE, MetricsSampler, Sample, build_report, summarize
+from dlscale.runtime.atomic_files import write_text_atomically
+from dlscale.runtime.distributed import is_distributed
+from dlscale.runtime.gpu_metrics import GpuReading, open_gpu_backend
+from dlscale.train.observer import EpochReport, Observer
+
+log = logging.getLogger("dlscale.monitor")
+
+GPU_FIELDS = [field.name for field in fields(GpuReading)]  # index, name, utilization_pct, ...
+CSV_COLUMNS = ["wall_time", "elapsed_s", "gpu", *GPU_FIELDS[1:], "host_cpu_pct", "host_memory_used_gb",
+               "host_memory_total_gb"]  # fmt: skip
+
+
+class MetricsCsv:
+    """Appends samples to ``path``: one row per sample per GPU (one row with empty GPU fields when there are
+    none), host columns repeated on each row so that every row stands alone in a spreadsheet."""
+
+    def __init__(self, path: Path, start_time_s: float | None = None):
+        self.path, self.start_time_s = path, start_time_s
+
+    def append(self, samples: Sequence[Sample]) -> None:
+        if not samples:
+            return
+        if self.start_time_s is None:
+            self.start_time_s = samples[0].time_s
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new_file = not self.path.exists() or self.path.stat().st_size == 0
+        with self.path.open("a", newline="") as file:
+            writer = csv.writer(file)
+            if new_file:
+                writer.writerow(CSV_COLUMNS)
+            for sample in samples:
+                host = [sample.host.cpu_pct, sample.host.memory_used_gb, sample.host.memory_total_gb]
+                head = [f"{sample.wall_time:.3f}", f"{sample.time_s - self.start_time_s:.3f}"]
+                for gpu in sample.gpus or [None]:
+                    values = (
+                        [None] * len(GPU_FIELDS) if gpu is None else [getattr(gpu, n) for n in GPU_FIELDS]
+                    )
+                    writer.writerow(head + ["" if value is None else value for value in values] + host)
+
+
+def write_tensorboard(writer, samples: Sequence[Sample]) -> None:
+    """Per-GPU and host scalars of ``samples`` on ``writer`` (a SummaryWriter).
+
+    The step is the sample's wall time in milliseconds (unique and still increasing after a resume), and the
+    event time is the sample's, so TensorBoard's "Relative"/"Wall" axes line up with the training curves.
+    """
+    for sample in samples:
+        step, when = int(sample.wall_time * 1000), sample.wall_time
+        for gpu in sample.gpus:
+            for tag, value in (
+                ("power_W", gpu.power_w),
+                ("utilization_pct", gpu.utilization_pct),
+                ("memory_GB", gpu.memory_used_gb),
+                ("temperature_C", gpu.temperature_c),
+                ("sm_clock_MHz", gpu.sm_clock_mhz),
+            ):
+                if value is not None:
+                    writer.add_scalar(f"GPU{gpu.index}/{tag}", value, step, walltime=when)
+        writer.add_scalar("Host/cpu_pct", sample.host.cpu_pct, step, walltime=when)
+        writer.add_scalar("Host/memory_GB", sample.host.memory_used_gb, step, walltime=when)
+
+
+@dataclass
+class RankSpread:
+    """One number across ranks (NaN values, e.g. no GPU on that rank, are left out)."""
+
+    minimum: float
+    maximum: float
+    mean: float
+    per_rank: list[float]
+
+
+@dataclass
+class CrossRankSummary:
+    spreads: dict[str, RankSpread]
+    slowest_rank: int
+    slowest_value: float
+    mean_slowness: float
+
+    def straggler_line(self, what: str = "slowness") -> str:
+        slowest, mean = self.slowest_value, self.mean_slowness
+        return f"slowest rank: {self.slowest_rank} ({what} {slowest:.4g} vs mean {mean:.4g})"
+
+
+def gather_across_ranks(numbers: dict[str, float | None], slowness: float, device=None) -> CrossRankSummary:
+    """Min/max/mean of each of ``numbers`` over the ranks, and the rank with the highest ``slowness`` (a
+    number the caller picks where higher is slower, e.g. seconds per step spent waiting for input).
+
+    Every rank must call this with the same keys. One all-reduce of a [world_size, n] float tensor where each
+    rank fills only its own row: every rank gets every value, without pickling; identity in one process.
+    ``device`` must be a CUDA device under NCCL.
+    """
+    names = sorted(numbers)
+    row = torch.tensor(
+        [math.nan if numbers[n] is None else float(numbers[n]) for n in names] + [float(slowness)]
+    )
+    world_size, rank = (dist.get_world_size(), dist.get_rank()) if is_distributed() else (1, 0)
+    # [0]: values with 0 for unknown, [1]: 1 where known; NaN itself would poison the sum.
+    stacked = torch.zeros(2, world_size, len(row), dtype=torch.float64)
+    stacked[0, rank], stacked[1, rank] = torch.nan_to_num(row, nan=0.0), (~torch.isnan(row)).double()
+    if world_size > 1:
+        stacked = stacked.to(device)
+        dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+    table = torch.where(stacked[1] > 0, stacked[0], torch.full_like(stacked[0], math.nan))
+    values = table.cpu().tolist()
+    spreads = {}
+    for column, name in enumerate(names):
+        per_rank = [values[r][column] for r in range(world_size)]
+        known_values = [v for v in per_rank if not math.isnan(v)] or [math.nan]
+        spreads[name] = RankSpread(
+            min(known_values), max(known_values), sum(known_values) / len(known_values), per_rank
+        )
+    slowness_per_rank = [values[r][-1] for r in range(world_size)]
+    slowest = max(range(world_size), key=lambda r: slowness_per_rank[r])
+    return CrossRankSummary(spreads, slowest, slowness_per_rank[slowest], sum(slowness_per_rank) / world_size)
+
+
+class MonitorObserver(Observer):
+    """Samples this rank's GPU and the host during training (see the module docstring for the files)."""
+
+    def __init__(self, interval_s: float | None = None, backend_opener=open_gpu_backend):
+        self.interval_s, self.backend_opener = interval_s, backend_opener
+        self.sampler: MetricsSampler | None = None
+        self.csv: MetricsCsv | None = None
+        self.writer = None
+        self.flushed = 0  # samples already in the CSV and TensorBoard
+        self.epochs = 0
+        self.start_samples_seen = 0
+        self.input_wait_s = 0.0  # host time between a step's end and the next step's start (batch fetch)
+        self.steps = 0
+        self._last_step_end: float | None = None
+        self.report = None
+        self.closed = False  # sampler stopped and GPU library released
+
+    def on_train_start(self, trainer) -> None:
+        setup = trainer.setup
+        if not setup.config.monitor.enable_monitor:
+            return
+        interval = self.interval_s or setup.config.monitor.monitor_interval_s
+        # Each rank reads the GPU it trains on; a CPU run reads no GPU even on a GPU machine.
+        backend = None
+        if setup.device.is_gpu:
+            backend = self.backend_opener([setup.device.torch.index or 0])  # Device.select names cuda:<n>
+        if backend is None and setup.process.rank == 0:
+            log.info(NO_GPU_MESSAGE)
+        rank, run_dir = setup.process.rank, Path(setup.run_dir)
+        self.csv = MetricsCsv(run_dir / "monitor" / f"rank{rank}.csv")
+        if rank == 0 and setup.config.log.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # only rank 0 pays for the import
+
+            self.writer = SummaryWriter(str(run_dir / "tensorboard" / "monitor"))
+        self.start_samples_seen = trainer.progress.samples_seen
+        self.sampler = MetricsSampler(backend, interval).start()
+
+    def on_step_start(self, trainer) -> None:
+        if self._last_step_end is not None:
+            self.input_wait_s += time.perf_counter() - self._last_step_end
+
+    def on_step_end(self, trainer, loss) -> None:
+        self.steps += 1
+        self._last_step_end = time.perf_counter()
+
+    def on_epoch_start(self, trainer) -> None:
+        self._last_step_end = None  # the gap across validation is not input wait
+
+    def on_epoch_end(self, trainer, report: EpochReport) -> None:
+        self.epochs += 1
+        self.flush()
+
+    def flush(self) -> None:
+        """Write the samples taken since the last flush to the CSV (and TensorBoard on rank 0)."""
+        if self.sampler is None:
+            return
+        fresh = self.sampler.samples[self.flushed :]
+        self.flushed += len(fresh)
+        self.csv.append(fresh)
+        if self.writer is not None:
+            write_tensorboard(self.writer, fresh)
+            self.writer.flush()
+
+    def on_train_end(self, trainer, outcome: str) -> None:
+        if self.sampler is None:
+            return
+        self.sampler.stop()
+        self.flush()
+        setup = trainer.setup
+        summary = summarize(self.sampler.samples)
+        gpu = summary.gpus[0] if summary.gpus else None  # this rank's own GPU
+        numbers = {
+            "energy_j": summary.energy_j,
+            "mean_power_w": gpu.mean_power_w if gpu else None,
+            "mean_utilization_pct": gpu.mean_utilization_pct if gpu else None,
+            "peak_memory_gb": gpu.peak_memory_gb if gpu else None,
+            "input_wait_s_per_step": self.input_wait_s / max(self.steps, 1),
+            "sampler_overhead_pct": 100 * self.sampler.overhead_fraction,
+        }
+        # A collective: every rank reaches on_train_end (the trainer agrees on stops across ranks).
+        ranks = gather_across_ranks(numbers, numbers["input_wait_s_per_step"], setup.device.torch)
+        if setup.process.rank == 0:
+            energy = sum(ranks.spreads["energy_j"].per_rank)  # the whole job, against the global samples
+            samples = trainer.progress.samples_seen - self.start_samples_seen
+            self.report = build_report(summary, samples, self.epochs, energy_j=energy)
+            lines = self.report.lines()
+            if setup.process.world_size > 1:
+                for name, spread in ranks.spreads.items():
+                    lines.append(f"across ranks {name}: min {spread.minimum:.4g}, max {spread.maximum:.4g}, "
+                                 f"mean {spread.mean:.4g}")  # fmt: skip
+                lines.append(ranks.straggler_line("input wait s/step"))
+            log.info("Efficiency report (%s):\n  %s", outcome, "\n  ".join(lines))
+            document = {**self.report.to_json(), "ranks": {k: vars(v) for k, v in ranks.spreads.items()}}
+            document["slowest_rank"] = ranks.slowest_rank
+            path = Path(setup.run_dir) / "monitor" / "efficiency.json"
+            write_text_atomically(path, json.dumps(document, indent=2, default=str))
+        self.close()
+
+    def close(self) -> None:
+        """Stop sampling and release the GPU library and TensorBoard writer (also after a failed run, which
+        never reaches ``on_train_end``). Idempotent."""
+        if self.sampler is not None and not self.closed:
+            self.closed = True
+            self.sampler.stop()
+            if self.sampler.gpu_backend is not None:
+                self.sampler.gpu_backend.close()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -1,0 +1,255 @@
+"""Device readings for the monitor: NVIDIA GPUs through NVML, AMD GPUs through amdsmi, the host via psutil.
+
+Everything vendor-specific stays in this module; the sampler, the report and the CLI only see the plain
+``GpuReading``/``HostReading`` values. Both GPU libraries are imported lazily, and their absence (or a machine
+without GPUs) means "no GPU backend", never an error. A field that a board does not support (the energy
+counter before Volta, the power limit on some consumer cards) reads as None instead of failing the sample.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psutil
+
+log = logging.getLogger("dlscale.monitor")
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU at one instant; None where the board or driver does not report the field."""
+
+    index: int
+    name: str
+    utilization_pct: (
+        float | None
+    )  # share of the last period in which any kernel ran (not how busy the SMs were)
+    memory_used_gb: float | None
+    memory_total_gb: float | None
+    power_w: float | None
+    power_limit_w: float | None  # the enforced limit, what the board may draw right now
+    energy_j: float | None  # cumulative counter since the driver loaded (only differences mean anything)
+    temperature_c: float | None
+    sm_clock_mhz: float | None
+
+
+@dataclass(frozen=True)
+class HostReading:
+    cpu_pct: float  # all cores together, 0..100, since the previous reading
+    memory_used_gb: float
+    memory_total_gb: float
+
+
+class GpuBackend(Protocol):
+    """What the sampler needs from a GPU library (the tests provide a scripted one)."""
+
+    name: str
+
+    def read(self) -> list[GpuReading]: ...
+
+    def close(self) -> None: ...
+
+
+def read_host() -> HostReading:
+    """Host CPU and memory now; CPU% covers the time since the previous call (the first call reads 0)."""
+    memory = psutil.virtual_memory()
+    return HostReading(
+        cpu_pct=float(psutil.cpu_percent(interval=None)),
+        memory_used_gb=(memory.total - memory.available) / GIB,
+        memory_total_gb=memory.total / GIB,
+    )
+
+
+def _optional(read: Callable[[], Any], scale: float = 1.0) -> float | None:
+    """``read() * scale``, or None when the library says the field is unsupported (or fails in any way):
+    one missing field must not cost the other readings."""
+    try:
+        value = read()
+    except Exception:
+        return None
+    return None if value is None else float(value) * scale
+
+
+def _visible_devices() -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as a list (None when unset): torch's ``cuda:i`` is its i-th entry."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return [entry.strip() for entry in value.split(",") if entry.strip()]
+
+
+class NvmlBackend:
+    """NVIDIA GPUs through ``pynvml`` (package nvidia-ml-py).
+
+    ``indices=None`` reads every board of the node (like nvidia-smi, ignoring CUDA_VISIBLE_DEVICES); a list
+    reads the boards that torch calls ``cuda:i`` in this process, translated through CUDA_VISIBLE_DEVICES, and
+    labels them with those ordinals.
+    """
+
+    name = "NVML"
+
+    def __init__(self, indices: Sequence[int] | None = None):
+        import pynvml  # lazy: not installed on CPU-only machines
+
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        try:
+            self._devices = self._handles(indices)
+            self._names = [self._device_name(handle) for _, handle in self._devices]
+        except Exception:
+            pynvml.nvmlShutdown()
+            raise
+
+    def _handles(self, indices: Sequence[int] | None) -> list[tuple[int, Any]]:
+        nvml = self._nvml
+        if indices is None:
+            return [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())]
+        visible = _visible_devices()
+        handles = []
+        for ordinal in indices:
+            entry = str(ordinal) if visible is None else visible[ordinal]
+            if entry.isdigit():
+                handle = nvml.nvmlDeviceGetHandleByIndex(int(entry))
+            else:  # a GPU-... or MIG-... UUID
+                handle = nvml.nvmlDeviceGetHandleByUUID(entry)
+            handles.append((ordinal, handle))
+        return handles
+
+    def _device_name(self, handle: Any) -> str:
+        name = self._nvml.nvmlDeviceGetName(handle)
+        return name.decode() if isinstance(name, bytes) else str(name)  # bytes in old bindings
+
+    def read(self) -> list[GpuReading]:
+        nvml = self._nvml
+        readings = []
+        for (index, handle), name in zip(self._devices, self._names, strict=True):
+            memory = _optional(lambda handle=handle: nvml.nvmlDeviceGetMemoryInfo(handle).used, 1 / GIB)
+            readings.append(
+                GpuReading(
+                    index=index,
+                    name=name,
+                    utilization_pct=_optional(
+                        lambda handle=handle: nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                    ),
+                    memory_used_gb=memory,
+                    memory_total_gb=_optional(
+                        lambda handle=handle: nvml.nvmlDeviceGetMemoryInfo(handle).total, 1 / GIB
+                    ),
+                    power_w=_optional(lambda handle=handle: nvml.nvmlDeviceGetPowerUsage(handle), 1e-3),  # mW
+                    power_limit_w=_optional(
+                        lambda handle=handle: nvml.nvmlDeviceGetEnforcedPowerLimit(handle), 1e-3
+                    ),
+                    energy_j=_optional(
+                        lambda handle=handle: nvml.nvmlDeviceGetTotalEnergyConsumption(handle),
+                        1e-3,  # mJ
+                    ),
+                    temperature_c=_optional(
+                        lambda handle=handle: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+                    ),
+                    sm_clock_mhz=_optional(
+                        lambda handle=handle: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)
+                    ),
+                )
+            )
+        return readings
+
+    def close(self) -> None:
+        _optional(self._nvml.nvmlShutdown)
+
+
+class AmdSmiBackend:
+    """AMD GPUs through ``amdsmi`` (ROCm). Best effort and UNTESTED: written from the amdsmi Python API
+    documentation without an AMD GPU to run it on; every field degrades to None if a call differs."""
+
+    name = "amdsmi"
+
+    def __init__(self, indices: Sequence[int] | None = None):
+        import amdsmi  # lazy: only on ROCm machines
+
+        self._amd = amdsmi
+        amdsmi.amdsmi_init()
+        try:
+            handles = amdsmi.amdsmi_get_processor_handles()
+            chosen = range(len(handles)) if indices is None else indices
+            self._devices = [(i, handles[i]) for i in chosen]
+            self._names = [self._device_name(handle) for _, handle in self._devices]
+        except Exception:
+            amdsmi.amdsmi_shut_down()
+            raise
+
+    def _device_name(self, handle: Any) -> str:
+        try:
+            return str(self._amd.amdsmi_get_gpu_asic_info(handle)["market_name"])
+        except Exception:
+            return "AMD GPU"
+
+    def _energy_j(self, handle: Any) -> float:
+        counter = self._amd.amdsmi_get_energy_count(handle)
+        # The accumulator counts units of counter_resolution microjoules.
+        return counter["energy_accumulator"] * counter["counter_resolution"] * 1e-6
+
+    def _power(self, handle: Any, key: str) -> float:
+        info = self._amd.amdsmi_get_power_info(handle)
+        if key == "power" and info.get("current_socket_power") not in (None, "N/A"):
+            return info["current_socket_power"]
+        return info["average_socket_power"] if key == "power" else info["power_limit"] / 1e6  # limit in uW
+
+    def read(self) -> list[GpuReading]:
+        amd = self._amd
+        readings = []
+        for (index, handle), name in zip(self._devices, self._names, strict=True):
+            readings.append(
+                GpuReading(
+                    index=index,
+                    name=name,
+                    utilization_pct=_optional(
+                        lambda h=handle: amd.amdsmi_get_gpu_activity(h)["gfx_activity"]
+                    ),
+                    memory_used_gb=_optional(
+                        lambda h=handle: amd.amdsmi_get_gpu_vram_usage(h)["vram_used"], 1 / 1024
+                    ),
+                    memory_total_gb=_optional(
+                        lambda h=handle: amd.amdsmi_get_gpu_vram_usage(h)["vram_total"],
+                        1 / 1024,  # MB
+                    ),
+                    power_w=_optional(lambda h=handle: self._power(h, "power")),
+                    power_limit_w=_optional(lambda h=handle: self._power(h, "limit")),
+                    energy_j=_optional(lambda h=handle: self._energy_j(h)),
+                    temperature_c=_optional(
+                        lambda h=handle: amd.amdsmi_get_temp_metric(
+                            h, amd.AmdSmiTemperatureType.HOTSPOT, amd.AmdSmiTemperatureMetric.CURRENT
+                        )
+                    ),
+                    sm_clock_mhz=_optional(
+                        lambda h=handle: amd.amdsmi_get_clock_info(h, amd.AmdSmiClkType.GFX)["clk"]
+                    ),
+                )
+            )
+        return readings
+
+    def close(self) -> None:
+        _optional(self._amd.amdsmi_shut_down)
+
+
+def open_gpu_backend(indices: Sequence[int] | None = None) -> GpuBackend | None:
+    """The first GPU library that loads and sees at least one GPU (NVML, then amdsmi); None otherwise.
+
+    Never raises: a missing library, a driver that fails to initialise or a GPU-less node all mean "no GPU
+    metrics", which the caller reports once.
+    """
+    for backend_class in (NvmlBackend, AmdSmiBackend):
+        try:
+            backend = backend_class(indices)
+        except Exception as exc:  # ImportError, NVMLError (no driver/GPU), amdsmi errors, a bad index
+            log.debug("%s unavailable: %s", backend_class.name, exc)
+            continue
+        if backend._devices:
+            return backend
+        backend.close()
+    return None
