@@ -430,7 +430,7 @@ def test_each_test_reports_the_energy_and_power_of_the_gpu(tmp_path, bench_lines
     monkeypatch.setattr("dlscale.perf.bench.open_gpu_backend", lambda indices: ConstantGpu())
     loader = CountingLoader(num_batches=3, cost=lambda: time.sleep(0.01))
     step = CountingStep(cost=lambda: time.sleep(0.03))
-    setup = fake_setup(bench_config("nwarmup=0", "ntrials=2", "nbatches=4"), loader, step)
+    setup = fake_setup(bench_config("nwarmup=1", "ntrials=2", "nbatches=4"), loader, step)
     setup.device = SimpleNamespace(
         is_gpu=True,
         name="Fake H100",
@@ -443,7 +443,8 @@ def test_each_test_reports_the_energy_and_power_of_the_gpu(tmp_path, bench_lines
     results = run_benchmark(setup, tmp_path)
     for name, series in results.tests.items():
         energy = series.energy
-        samples = 2 * 4 * 4  # trials x batches x local batch
+        # recorded trials x batches x local batch; SYNTHETIC also trains one untimed step per trial
+        samples = 2 * (4 + (name == "SYNTHETIC")) * 4
         assert energy["mean_power_w"] == pytest.approx(350.0) and energy["power_limit_w"] == 700.0, name
         assert energy["energy_j"] > 0 and energy["joules_per_sample"] * samples == pytest.approx(
             energy["energy_j"]

@@ -14,12 +14,14 @@ from types import SimpleNamespace
 import pytest
 
 from dlscale.cli import main
+from dlscale.parallel.layout import ParallelConfig
 from dlscale.perf.monitor import (
     NO_GPU_MESSAGE,
     GpuStats,
     MetricsSampler,
     Sample,
     build_report,
+    gpu_energy_j,
     summarize,
     verdict,
 )
@@ -107,7 +109,7 @@ def test_summary_and_report_arithmetic():
     assert gpu.mean_utilization_pct == pytest.approx(90.0) and gpu.peak_memory_gb == 30.0
     assert gpu.power_fraction == pytest.approx(200.0 / 700.0)
     assert summary.duration_s == pytest.approx(2.0) and summary.host_mean_cpu_pct == 25.0
-    report = build_report(summary, samples_trained=300, epochs=3)
+    report = build_report(summary, samples_trained=300, samples_per_epoch=100)
     assert report.joules_per_sample == pytest.approx(3.0) and report.joules_per_epoch == pytest.approx(300.0)
     text = "\n".join(report.lines())
     assert "3.00 J per training sample" in text and "300 J per epoch" in text and "of 700 W limit" in text
@@ -197,9 +199,13 @@ def fake_trainer(run_dir: Path, gpu: bool):
         run_dir=run_dir,
         process=SimpleNamespace(rank=0, world_size=1, local_rank=0),
         device=SimpleNamespace(is_gpu=gpu, torch=SimpleNamespace(index=0) if gpu else "cpu"),
-        config=SimpleNamespace(monitor=MonitorConfig(monitor_interval_s=0.01), log=LogConfig()),
+        config=SimpleNamespace(
+            monitor=MonitorConfig(monitor_interval_s=0.01), log=LogConfig(), parallel=ParallelConfig()
+        ),
+        plan=SimpleNamespace(steps_per_epoch=25),
+        global_batch_size=4,
     )
-    return SimpleNamespace(setup=setup, progress=SimpleNamespace(samples_seen=0))
+    return SimpleNamespace(setup=setup, progress=SimpleNamespace(samples_seen=0), last_fetch_seconds=0.002)
 
 
 @pytest.mark.parametrize("gpu", [True, False])
@@ -220,12 +226,13 @@ def test_observer_writes_csv_and_efficiency_json(tmp_path, caplog, gpu):
     rows = list(csv.DictReader((tmp_path / "monitor" / "rank0.csv").open()))
     assert len(rows) == len(observer.sampler.samples) >= 4  # + the last sample at stop
     document = json.loads((tmp_path / "monitor" / "efficiency.json").read_text())
-    assert document["samples_trained"] == 100 and document["epochs"] == 1
+    assert document["samples_trained"] == 100 and document["samples_per_epoch"] == 100
     assert (NO_GPU_MESSAGE in caplog.text) is not gpu
     assert "Efficiency report" in caplog.text
     if gpu:
         assert document["energy_j"] == pytest.approx(1400.0) and backend.closed
         assert document["joules_per_sample"] == pytest.approx(14.0)
+        assert document["joules_per_epoch"] == pytest.approx(1400.0)  # 25 steps x 4 samples x 14 J
         assert list((tmp_path / "tensorboard" / "monitor").glob("events.out.tfevents.*"))
 
 
@@ -246,3 +253,8 @@ def test_monitor_live_count_with_fake_gpu(capsys, monkeypatch):
     assert main(["monitor", "--count", "2", "--interval", "0.01"]) == 0
     out = capsys.readouterr().out
     assert out.count("Fake H100") == 2 and "180/700" in out and "(fake)" in out
+
+
+def test_a_board_without_power_or_energy_readings_has_no_energy_not_zero():
+    assert gpu_energy_j([0.0, 1.0, 2.0], [None, None, None], [None, None, None]) == (0.0, "none")
+    assert gpu_energy_j([0.0, 1.0], [100.0, 300.0], [None, None]) == (200.0, "power integral")

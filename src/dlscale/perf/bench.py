@@ -162,11 +162,15 @@ class TrialDriver:
         series = TrialSeries(name)
         device.reset_peak_memory()
         # Power and energy of this rank's GPU over the test (samples per joule for the ladder); none on a CPU.
+        # Warm-up trials (compilation, autotuning) are left out, as they are from the throughput.
+        self._run_trials(name, series, iteration, before_trial, range(b.nwarmup))
         sampler = MetricsSampler(self.gpu_metrics, interval_s=0.1) if self.gpu_metrics is not None else None
         with sampler if sampler is not None else contextlib.nullcontext():
-            self._run_trials(name, series, iteration, before_trial)
+            self._run_trials(name, series, iteration, before_trial, range(b.nwarmup, b.nwarmup + b.ntrials))
         series.peak_memory_gb = device.peak_memory_gb()
-        samples_read = (b.nwarmup + b.ntrials) * b.nbatches * self.setup.local_batch_size
+        # SYNTHETIC's untimed first step of each trial (before_trial) uses energy too.
+        steps_per_trial = b.nbatches + (1 if before_trial is not None else 0)
+        samples_read = b.ntrials * steps_per_trial * self.setup.local_batch_size
         series.energy = test_energy(sampler, samples_read) if sampler is not None else None
         return series
 
@@ -176,9 +180,10 @@ class TrialDriver:
         series: TrialSeries,
         iteration: Callable[[], Any],
         before_trial: Callable[[], Any] | None,
+        indices: range,
     ) -> None:
         b = self.bench
-        for index in range(b.nwarmup + b.ntrials):
+        for index in indices:
             warmup = index < b.nwarmup
             label = f"{name}_WARMUP_{index}" if warmup else f"{name}_{index - b.nwarmup}"
             if before_trial is not None:

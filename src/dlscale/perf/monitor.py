@@ -136,11 +136,13 @@ def gpu_energy_j(
     steps = range(1, len(times_s))
     if all(c is not None for c in counters_j) and all(counters_j[i] >= counters_j[i - 1] for i in steps):
         return counters_j[-1] - counters_j[0], "counter"
-    energy = 0.0
+    energy, pairs = 0.0, 0
     for i in steps:
         if powers_w[i - 1] is not None and powers_w[i] is not None:
             energy += (powers_w[i - 1] + powers_w[i]) / 2 * (times_s[i] - times_s[i - 1])
-    return energy, "power integral"
+            pairs += 1
+    # A board that reports neither (MIG slices, some consumer cards) has no energy, not zero energy.
+    return (energy, "power integral") if pairs else (0.0, "none")
 
 
 @dataclass
@@ -251,7 +253,7 @@ class EfficiencyReport:
     summary: MonitorSummary
     energy_j: float
     samples_trained: int
-    epochs: int
+    samples_per_epoch: int | None  # a full epoch's global samples (partial epochs would skew J per epoch)
     verdicts: list[str] = field(default_factory=list)
 
     @property
@@ -260,7 +262,10 @@ class EfficiencyReport:
 
     @property
     def joules_per_epoch(self) -> float | None:
-        return self.energy_j / self.epochs if self.epochs else None
+        per_sample = self.joules_per_sample
+        return (
+            per_sample * self.samples_per_epoch if per_sample is not None and self.samples_per_epoch else None
+        )
 
     def lines(self) -> list[str]:
         if not self.summary.gpus:
@@ -291,7 +296,13 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def build_report(summary: MonitorSummary, samples_trained: int, epochs: int, energy_j: float | None = None):
+def build_report(
+    summary: MonitorSummary,
+    samples_trained: int,
+    samples_per_epoch: int | None,
+    energy_j: float | None = None,
+) -> EfficiencyReport:
     """The efficiency report of ``summary``; ``energy_j`` replaces its own energy (e.g. summed over ranks)."""
     energy = summary.energy_j if energy_j is None else energy_j
-    return EfficiencyReport(summary, energy, samples_trained, epochs, [verdict(gpu) for gpu in summary.gpus])
+    verdicts = [verdict(gpu) for gpu in summary.gpus]
+    return EfficiencyReport(summary, energy, samples_trained, samples_per_epoch, verdicts)

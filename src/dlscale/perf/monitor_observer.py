@@ -12,7 +12,6 @@ import csv
 import json
 import logging
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -115,7 +114,8 @@ def gather_across_ranks(numbers: dict[str, float | None], slowness: float, devic
     """
     names = sorted(numbers)
     row = torch.tensor(
-        [math.nan if numbers[n] is None else float(numbers[n]) for n in names] + [float(slowness)]
+        [math.nan if numbers[n] is None else float(numbers[n]) for n in names] + [float(slowness)],
+        dtype=torch.float64,
     )
     world_size, rank = (dist.get_world_size(), dist.get_rank()) if is_distributed() else (1, 0)
     # [0]: values with 0 for unknown, [1]: 1 where known; NaN itself would poison the sum.
@@ -147,11 +147,9 @@ class MonitorObserver(Observer):
         self.csv: MetricsCsv | None = None
         self.writer = None
         self.flushed = 0  # samples already in the CSV and TensorBoard
-        self.epochs = 0
         self.start_samples_seen = 0
-        self.input_wait_s = 0.0  # host time between a step's end and the next step's start (batch fetch)
+        self.input_wait_s = 0.0  # host time spent fetching batches (the trainer's next(batches))
         self.steps = 0
-        self._last_step_end: float | None = None
         self.report = None
         self.closed = False  # sampler stopped and GPU library released
 
@@ -163,7 +161,14 @@ class MonitorObserver(Observer):
         # Each rank reads the GPU it trains on; a CPU run reads no GPU even on a GPU machine.
         backend = None
         if setup.device.is_gpu:
-            backend = self.backend_opener([setup.device.torch.index or 0])  # Device.select names cuda:<n>
+            # One process drives all its GPUs under DataParallel; otherwise each rank reads its own.
+            single_process_all_gpus = setup.config.parallel.data_parallel == "dataparallel"
+            indices = (
+                list(range(setup.device.visible_gpu_count()))
+                if single_process_all_gpus
+                else [setup.device.torch.index or 0]  # Device.select names cuda:<n>
+            )
+            backend = self.backend_opener(indices)
         if backend is None and setup.process.rank == 0:
             log.info(NO_GPU_MESSAGE)
         rank, run_dir = setup.process.rank, Path(setup.run_dir)
@@ -176,18 +181,12 @@ class MonitorObserver(Observer):
         self.sampler = MetricsSampler(backend, interval).start()
 
     def on_step_start(self, trainer) -> None:
-        if self._last_step_end is not None:
-            self.input_wait_s += time.perf_counter() - self._last_step_end
-
-    def on_step_end(self, trainer, loss) -> None:
+        # The trainer times exactly the fetch of the batch (not the stop agreement, which waits for every
+        # rank and would make the fastest readers look slow).
+        self.input_wait_s += trainer.last_fetch_seconds
         self.steps += 1
-        self._last_step_end = time.perf_counter()
-
-    def on_epoch_start(self, trainer) -> None:
-        self._last_step_end = None  # the gap across validation is not input wait
 
     def on_epoch_end(self, trainer, report: EpochReport) -> None:
-        self.epochs += 1
         self.flush()
 
     def flush(self) -> None:
@@ -222,7 +221,8 @@ class MonitorObserver(Observer):
         if setup.process.rank == 0:
             energy = sum(ranks.spreads["energy_j"].per_rank)  # the whole job, against the global samples
             samples = trainer.progress.samples_seen - self.start_samples_seen
-            self.report = build_report(summary, samples, self.epochs, energy_j=energy)
+            samples_per_epoch = setup.plan.steps_per_epoch * setup.global_batch_size
+            self.report = build_report(summary, samples, samples_per_epoch, energy_j=energy)
             lines = self.report.lines()
             if setup.process.world_size > 1:
                 for name, spread in ranks.spreads.items():

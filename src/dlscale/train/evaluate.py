@@ -67,7 +67,12 @@ def evaluate(
         for inputs, targets in loader:
             inputs, targets = device.move(inputs), device.move(targets)
             evaluator.update(inputs, targets, predict(inputs))
-    if is_distributed() and hasattr(evaluator, "reduce_across_ranks"):
+    if is_distributed():
+        if not hasattr(evaluator, "reduce_across_ranks"):
+            # Its metrics would describe this rank's share of the samples only.
+            raise TypeError(
+                f"{type(evaluator).__name__} has no reduce_across_ranks(); it cannot run on several ranks"
+            )
         evaluator.reduce_across_ranks(sum_across_ranks_, device.torch)
     device.synchronize()
     summary = evaluator.summary()

@@ -152,7 +152,9 @@ def build_training(
         evaluator=workload.evaluator(valid_set, cfg.log.image_channel),
         checkpoints=checkpoints,
         precision=precision,
-        predict=precision.wrap_inference(forward),
+        # Validation never goes through DDP: its forward would broadcast buffers, a collective that a rank
+        # without validation samples would skip.
+        predict=precision.wrap_inference(forward if replica is model else model),
         utilization=measure_utilization(workload, model, cfg, device, train_set),
     )
     if resume_from is not None:

@@ -71,6 +71,7 @@ class Trainer:
         self.observers = observers
         self.stop = stop or StopRequest()
         self._pending_loss: torch.Tensor | None = None  # device-side sum of losses not yet in progress
+        self.last_fetch_seconds = 0.0  # host time the last batch took to arrive (for monitors)
 
     def fit(self) -> str:
         """Train until the plan is done ("finished") or a stop is requested ("stopped")."""
@@ -98,8 +99,10 @@ class Trainer:
         if p.step_in_epoch < last_step:
             batches = iter(s.train_loader)
             while True:
+                fetch_started = time.perf_counter()
                 with s.markers.range("data"):
                     batch = next(batches, None)
+                self.last_fetch_seconds = time.perf_counter() - fetch_started
                 if batch is None:
                     break
                 self._notify("on_step_start")
