@@ -2,7 +2,9 @@
 # What a session with a lent GPU runs, from the checkout root, in as few device calls as possible:
 #   bash benchmarks/gpu_session.sh tests     # the GPU-only tests (CUDA graphs, streams, NVTX, ...) + the suite
 #   bash benchmarks/gpu_session.sh data      # the full-grid synthetic data set for the ladder (minutes)
-#   bash benchmarks/gpu_session.sh ladder    # the optimization ladder -> benchmarks/results/ (or $OUT)
+#   bash benchmarks/gpu_session.sh ladder [RUNGS]   # the ladder -> benchmarks/results/ (or $OUT); at full size
+#       it may not fit one 10-minute call: run it in parts, e.g. `ladder baseline,workers,gpu_pipeline` then
+#       `ladder amp_fp16,amp_bf16,fused,compile,cuda_graphs`; the parts merge into one table
 # The machine has torch but no network: dlscale runs from the checkout (PYTHONPATH=src).
 set -euo pipefail
 export PYTHONPATH=src
@@ -18,7 +20,7 @@ case "${1:-}" in
       --test-years 0 --steps-per-year 520 --if-missing
     ;;
   ladder)
-    python3 benchmarks/ladder.py --data "$DATA" --out "$RESULTS"
+    python3 benchmarks/ladder.py --data "$DATA" --out "$RESULTS" ${2:+--rungs "$2"}
     ;;
   *)
     echo "usage: $0 tests|data|ladder" >&2

@@ -296,6 +296,31 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def merge_rungs(earlier: dict, latest: dict) -> dict:
+    """The ladder of an earlier call on the same day and device, with the rungs measured now replaced or added.
+
+    A full ladder at full size takes longer than one batch step or device call allows, so it can be run in
+    parts (``--rungs baseline,workers`` then ``--rungs amp_bf16,...``) into one table. Rungs keep the
+    ladder's order; each keeps the command that measured it.
+    """
+    if earlier.get("config") != latest["config"] or earlier.get("device") != latest["device"]:
+        raise SystemExit(
+            f"cannot merge into the earlier ladder of {earlier.get('config')!r} on {earlier.get('device')!r}; "
+            "use another --out"
+        )
+    for row in latest["rungs"]:
+        row["command"] = latest["command"]
+    rows = {row["rung"]: row for row in earlier.get("rungs", [])}
+    rows.update({row["rung"]: row for row in latest["rungs"]})
+    order = [rung.name for rung in RUNGS]
+    merged = dict(latest)
+    merged["rungs"] = sorted(rows.values(), key=lambda row: order.index(row["rung"]))
+    merged["command"] = (
+        "several calls, see each rung's command" if len(rows) > len(latest["rungs"]) else latest["command"]
+    )
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(None, enabled=True)
@@ -304,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     device_slug = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
     stem = out / f"{result['date'][:10]}-{device_slug}-ladder"
+    if args.rungs and stem.with_suffix(".json").is_file():
+        result = merge_rungs(json.loads(stem.with_suffix(".json").read_text()), result)
     write_text_atomically(stem.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
     write_text_atomically(stem.with_suffix(".md"), markdown(result))
     plot(result, stem.with_suffix(".png"))
