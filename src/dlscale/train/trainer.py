@@ -9,6 +9,7 @@ tell the observers again. Logging, progress, TensorBoard and checkpoints are obs
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -97,14 +98,7 @@ class Trainer:
         s.device.synchronize()
         started, steps = time.perf_counter(), 0
         if p.step_in_epoch < last_step:
-            batches = iter(s.train_loader)
-            while True:
-                fetch_started = time.perf_counter()
-                with s.markers.range("data"):
-                    batch = next(batches, None)
-                self.last_fetch_seconds = time.perf_counter() - fetch_started
-                if batch is None:
-                    break
+            for batch in self._fetched_batches():
                 self._notify("on_step_start")
                 with s.markers.range(f"step {p.global_step}"):
                     loss = s.step(s.device.move(batch[0]), s.device.move(batch[1]), p.global_step)
@@ -119,9 +113,24 @@ class Trainer:
                 self._notify("on_step_end", loss)
                 if p.step_in_epoch >= last_step or self._stop_agreed():
                     break
-            del batches  # an unfinished pass stops its reader threads or workers now
         s.device.synchronize()
         return steps, time.perf_counter() - started
+
+    def _fetched_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This pass's batches, each fetched inside a "data" range and timed (monitors read the wait).
+
+        Leaving the loop early closes this generator, which drops the pass and so stops its reader threads
+        or worker processes at once.
+        """
+        batches = iter(self.setup.train_loader)
+        while True:
+            started = time.perf_counter()
+            with self.setup.markers.range("data"):
+                batch = next(batches, None)
+            self.last_fetch_seconds = time.perf_counter() - started
+            if batch is None:
+                return
+            yield batch
 
     def _finish_epoch(self, steps: int, seconds: float) -> None:
         """Validate, update the position and the history, and tell the observers."""
