@@ -32,6 +32,8 @@ from dlscale import __version__
 from dlscale.commands.bench import bench_one_config
 from dlscale.config import load_run_config
 from dlscale.data.synth_era5 import existing_spec, spec_from_preset, write_synthetic_era5
+from dlscale.perf.bench_plot import save_figure, throughput_figure
+from dlscale.perf.bench_report import TEST_NAMES
 from dlscale.report.run_dir import setup_logging
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.device import Device
@@ -274,26 +276,12 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [row for row in result["rungs"] if "skipped" not in row]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
-    width = 0.27
-    for offset, name in enumerate(("IO", "SYNTHETIC", "FULL")):
-        values = [row.get(name, {}).get("mean") or 0 for row in rows]
-        errors = [row.get(name, {}).get("std") or 0 for row in rows]
-        positions = [i + (offset - 1) * width for i in range(len(rows))]
-        ax.bar(positions, values, width, yerr=errors, label=name, capsize=2)
-    ax.set_xticks(range(len(rows)), [row["rung"] for row in rows], rotation=30, ha="right")
-    ax.set_ylabel("global samples/s")
-    ax.set_title(f"dlscale ladder, {result['config']} on {result['device']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    results = [
+        {name: (row[name]["mean"], row[name]["std"]) for name in TEST_NAMES if name in row} for row in rows
+    ]
+    title = f"dlscale ladder, {result['config']} on {result['device']}"
+    save_figure(throughput_figure([row["rung"] for row in rows], results, title), path)
 
 
 def merge_rungs(earlier: dict, latest: dict) -> dict:

@@ -259,6 +259,7 @@ def test_output_lines_and_json_follow_benchy(tmp_path, bench_lines):
     assert [line for line in bench_lines if line.startswith("BENCHY::VERDICT::")] == [results.verdict.line()]
     assert results.verdict.kind == "overhead"
 
+    assert (tmp_path / "benchy_result.png").read_bytes().startswith(b"\x89PNG")  # the trials, as a picture
     path = tmp_path / "benchy_result.json"
     assert results.output_path == path
     assert f"BENCHY::INFO::Message: Writing JSON output to {path}." in bench_lines

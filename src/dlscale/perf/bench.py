@@ -32,6 +32,7 @@ import torch.distributed
 
 from dlscale.errors import DataError
 from dlscale.perf.bench_config import BenchConfig
+from dlscale.perf.bench_plot import save_figure, throughput_figure
 from dlscale.perf.bench_report import (
     TrialSeries,
     Verdict,
@@ -307,4 +308,10 @@ def run_benchmark(
         path = path.expanduser()
         log.info("BENCHY::INFO::Message: Writing JSON output to %s.", path)
         write_text_atomically(path, json.dumps(record, indent=2) + "\n")
+        results = {name: (t.mean, t.std) for name, t in tests.items()}
+        title = f"dlscale bench {setup.config.name} on {setup.device.name}: {verdict.kind}"
+        log.info(
+            "BENCHY::INFO::Plot: %s",
+            save_figure(throughput_figure(["trials"], [results], title), path.with_suffix(".png")),
+        )
     return BenchResults(tests, process.world_size, verdict, utilization, record, path)

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 
 from dlscale.errors import ConfigError
 from dlscale.perf.bench import BenchResults
+from dlscale.perf.bench_plot import throughput_figure
 from dlscale.perf.bench_report import TEST_NAMES
 from dlscale.report.figures import save_png
 from dlscale.runtime.atomic_files import write_text_atomically
@@ -167,29 +168,11 @@ def sweep_table(rows: Sequence[SweepRow]) -> list[str]:
 
 def sweep_figure(rows: Sequence[SweepRow], title: str) -> Figure:
     """Grouped bars of IO, SYNTHETIC and FULL mean samples/s per point, with the trials' std as error bars."""
-    figure = Figure(figsize=(max(5.0, 1.3 * len(rows) + 2), 3.8), layout="constrained")
-    axis = figure.add_subplot(1, 1, 1)
-    width = 0.8 / len(TEST_NAMES)
-    for offset, name in enumerate(TEST_NAMES):
-        xs, means, stds = [], [], []
-        for index, row in enumerate(rows):
-            if name in row.results.tests:
-                xs.append(index + (offset - (len(TEST_NAMES) - 1) / 2) * width)
-                means.append(row.results.tests[name].mean)
-                stds.append(row.results.tests[name].std)
-        if xs:
-            axis.bar(xs, means, width, yerr=stds, capsize=3, label=name)
     # One line per key: several keys' labels side by side would overlap.
     labels = [point_label(row.point).replace(", ", "\n") for row in rows]
-    axis.set_xticks(range(len(rows)), labels, fontsize=8)
-    heights = [t.mean for row in rows for t in row.results.tests.values() if t.mean > 0]
-    if heights and max(heights) > 20 * min(heights):
-        axis.set_yscale("log")  # e.g. IO 50x above SYNTHETIC: on a linear axis the other bars would vanish
-    axis.set_xlabel(", ".join(key for key, _ in rows[0].point) if rows else "")
-    axis.set_ylabel("global samples/s")
-    axis.set_title(title, fontsize=10)
-    axis.legend(fontsize=8)
-    return figure
+    results = [{name: (t.mean, t.std) for name, t in row.results.tests.items()} for row in rows]
+    xlabel = ", ".join(key for key, _ in rows[0].point) if rows else ""
+    return throughput_figure(labels, results, title, xlabel)
 
 
 def write_sweep_outputs(
