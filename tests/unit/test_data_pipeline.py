@@ -20,13 +20,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from dlscale.data.era5 import ERA5Dataset
-from dlscale.data.gpu_pipeline import (
-    READER_THREAD_PREFIX,
-    ChannelNormalizer,
-    GpuPipeline,
-    SupportsDeviceNormalization,
-)
+from dlscale.data.gpu_pipeline import READER_THREAD_PREFIX, GpuPipeline
 from dlscale.data.loader import LoaderConfig
+from dlscale.data.normalization import ChannelNormalizer, SupportsDeviceNormalization
 from dlscale.data.pipeline import build_batch_source
 from dlscale.data.prefetch import DevicePrefetcher
 from dlscale.data.sampler import EvaluationSampler, TrainingSampler

@@ -35,7 +35,7 @@ from dlscale.data.era5_layout import (
     load_stats,
     scan_split,
 )
-from dlscale.data.gpu_pipeline import ChannelNormalizer
+from dlscale.data.normalization import ChannelNormalizer
 from dlscale.errors import DataError
 
 __all__ = ["ERA5_CHANNELS", "ERA5DataConfig", "ERA5Dataset"]
@@ -143,7 +143,7 @@ class ERA5Dataset(Dataset):
     def device_normalization(self) -> tuple[ERA5Dataset, ChannelNormalizer | None]:
         """A view of this split that reads raw (unnormalized) samples, and the normalizer of their batches.
 
-        The protocol of dlscale's gpu pipeline (``dlscale.data.gpu_pipeline.SupportsDeviceNormalization``),
+        The protocol of dlscale's gpu pipeline (``dlscale.data.normalization.SupportsDeviceNormalization``),
         which normalizes on the device: the normalizer applied to a stacked batch of the view's samples
         gives, bitwise, the stacked samples of this data set. Without normalization, (self, None).
         """
