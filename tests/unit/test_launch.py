@@ -8,7 +8,8 @@ from contextlib import AbstractContextManager
 import pytest
 
 from dlscale.errors import DlscaleError
-from dlscale.runtime.launch import ProcessInfo, detect_process, expand_hostlist, slurm_default_port
+from dlscale.runtime.hostlist import expand_hostlist
+from dlscale.runtime.launch import ProcessInfo, detect_process, slurm_default_port
 
 
 def torchrun_env(**overrides: str) -> dict[str, str]:

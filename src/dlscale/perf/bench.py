@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed
 
 from dlscale.errors import DataError
 from dlscale.perf.bench_config import BenchConfig
@@ -47,6 +46,7 @@ from dlscale.perf.bench_report import (
 )
 from dlscale.perf.monitor import MetricsSampler, summarize
 from dlscale.runtime.atomic_files import write_text_atomically
+from dlscale.runtime.distributed import barrier
 from dlscale.runtime.gpu_metrics import open_gpu_backend
 
 log = logging.getLogger("dlscale.bench")
@@ -219,16 +219,12 @@ class TrialDriver:
     def _synchronize(self) -> None:
         self.setup.device.synchronize()
         # The barrier aligns the ranks' clocks at each timing point (benchy's use_distributed_barrier).
-        if self.bench.use_distributed_barrier and _distributed():
-            torch.distributed.barrier()
+        if self.bench.use_distributed_barrier:
+            barrier()
 
 
 def _silent(*args: object) -> None:
     """Non-zero ranks time the same trials but print nothing."""
-
-
-def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _per_second(samples: float, seconds: float) -> float:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from dlscale.errors import DlscaleError
+from dlscale.runtime.hostlist import expand_hostlist
 
 Launcher = Literal["single", "torchrun", "slurm", "lsf"]
 
@@ -122,9 +123,7 @@ def _from_torchrun(env: Mapping[str, str]) -> ProcessInfo:
             f"WORLD_SIZE={world_size} ({_LAUNCHER_NAMES[launcher]}) but MASTER_ADDR is not set: the processes "
             "cannot find rank 0; set MASTER_ADDR (torchrun sets it itself)"
         )
-    master_port = _port(env, launcher)
-    if master_port is None and master_addr is not None:
-        master_port = DEFAULT_MASTER_PORT
+    master_port = _port_or_default(env, launcher, master_addr, lambda: DEFAULT_MASTER_PORT)
     return _checked(
         ProcessInfo(rank, local_rank, world_size, local_world_size, master_addr, master_port, launcher),
         ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
@@ -154,9 +153,7 @@ def _from_slurm(env: Mapping[str, str]) -> ProcessInfo:
             f"SLURM_STEP_NUM_TASKS={world_size} ({_LAUNCHER_NAMES[launcher]}) but neither SLURM_STEP_NODELIST, "
             "SLURM_JOB_NODELIST nor MASTER_ADDR is set: the processes cannot find rank 0; set MASTER_ADDR"
         )
-    master_port = _port(env, launcher)
-    if master_port is None and master_addr is not None:
-        master_port = slurm_default_port(env)
+    master_port = _port_or_default(env, launcher, master_addr, lambda: slurm_default_port(env))
     return _checked(
         ProcessInfo(rank, local_rank, world_size, local_world_size, master_addr, master_port, launcher),
         ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", local_size_name),
@@ -181,9 +178,7 @@ def _from_lsf(env: Mapping[str, str]) -> ProcessInfo:
             f"OMPI_COMM_WORLD_SIZE={world_size} ({_LAUNCHER_NAMES[launcher]}) but neither MASTER_ADDR nor "
             f"LSB_MCPU_HOSTS (with a compute host) is set: the processes cannot find rank 0; set MASTER_ADDR"
         )
-    master_port = _port(env, launcher)
-    if master_port is None and master_addr is not None:
-        master_port = DEFAULT_MASTER_PORT
+    master_port = _port_or_default(env, launcher, master_addr, lambda: DEFAULT_MASTER_PORT)
     return _checked(
         ProcessInfo(rank, local_rank, world_size, local_world_size, master_addr, master_port, launcher),
         (
@@ -254,80 +249,6 @@ def _expand_tasks_per_node(value: str, variable: str) -> list[int]:
             )
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
-
-
-def expand_hostlist(hostlist: str, variable: str = "host list") -> list[str]:
-    """Slurm's compressed host list as host names, in order, without calling ``scontrol show hostnames``.
-
-    ``nid[001-003,007]`` -> nid001 nid002 nid003 nid007 (zero padding kept, as Slurm does); ``node01,node[03-04]``
-    -> node01 node03 node04; several bracket groups in one name multiply out (``gpu-a[1-2]-b`` -> gpu-a1-b
-    gpu-a2-b). ``variable`` names the source in the error raised for a malformed list.
-    """
-
-    set_by = f" (set by {_LAUNCHER_NAMES['slurm']})" if variable.startswith("SLURM_") else ""
-
-    def malformed(why: str) -> DlscaleError:
-        return DlscaleError(f"{variable}={hostlist!r}{set_by} is not a Slurm host list: {why}")
-
-    hosts: list[str] = []
-    for pattern in _split_top_level(hostlist, malformed):
-        # Each name is literal text and bracket groups, expanded as a Cartesian product from left to right.
-        names = [""]
-        for literal, group in re.findall(r"([^\[\]]*)(?:\[([^\[\]]*)\])?", pattern):
-            names = [name + literal for name in names]
-            if group:
-                names = [name + suffix for name in names for suffix in _expand_range_group(group, malformed)]
-        hosts.extend(names)
-    return hosts
-
-
-def _split_top_level(hostlist: str, malformed: Callable[[str], DlscaleError]) -> list[str]:
-    """Split at the commas outside brackets; check that brackets pair up and no name is empty."""
-    patterns: list[str] = []
-    depth = 0
-    start = 0
-    for position, char in enumerate(hostlist):
-        if char == "[":
-            if depth:
-                raise malformed("nested '['")
-            depth = 1
-        elif char == "]":
-            if not depth:
-                raise malformed("']' without '['")
-            depth = 0
-        elif char == "," and not depth:
-            patterns.append(hostlist[start:position])
-            start = position + 1
-    if depth:
-        raise malformed("'[' without ']'")
-    patterns.append(hostlist[start:])
-    for pattern in patterns:
-        if not pattern:
-            raise malformed("empty host name")
-        if pattern.startswith("["):
-            raise malformed(f"{pattern!r} starts with '[' instead of a host name")
-        if any(char.isspace() for char in pattern):
-            raise malformed("white space in a host name")
-        if "[]" in pattern:
-            raise malformed("empty '[]'")
-    return patterns
-
-
-def _expand_range_group(group: str, malformed: Callable[[str], DlscaleError]) -> list[str]:
-    """``001-003,7`` -> 001 002 003 7; each range keeps the width of its first number."""
-    suffixes: list[str] = []
-    for item in group.split(","):
-        first, dash, last = item.partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
-            raise malformed(f"{item!r} is not a number or a range of numbers")
-        if not dash:
-            suffixes.append(first)
-            continue
-        if int(last) < int(first):
-            raise malformed(f"range {item!r} runs backwards")
-        width = len(first)
-        suffixes.extend(str(number).zfill(width) for number in range(int(first), int(last) + 1))
-    return suffixes
 
 
 # ---- LSF specifics ---------------------------------------------------------------------------------------
@@ -406,6 +327,17 @@ def _port(env: Mapping[str, str], launcher: str) -> int | None:
     if not 1 <= port <= 65535:
         raise _bad(env, "MASTER_PORT", launcher, "is not a TCP port (1-65535)")
     return port
+
+
+def _port_or_default(
+    env: Mapping[str, str], launcher: str, master_addr: str | None, default: Callable[[], int]
+) -> int | None:
+    """``MASTER_PORT`` when set; else ``default()`` when there is a master to meet at; else None.
+
+    ``default`` is only called when needed, so a bad variable it reads does not matter once MASTER_PORT is set.
+    """
+    port = _port(env, launcher)
+    return default() if port is None and master_addr is not None else port
 
 
 def _checked(info: ProcessInfo, names: tuple[str, str, str, str]) -> ProcessInfo:

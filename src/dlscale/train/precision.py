@@ -33,10 +33,6 @@ class Precision:
             torch.amp.GradScaler(self.device_type) if amp_mode == "fp16" else None
         )
 
-    @property
-    def enabled(self) -> bool:
-        return self.dtype is not None
-
     def autocast(self) -> contextlib.AbstractContextManager:
         """The forward pass's autocast region (a no-op context without AMP)."""
         if self.dtype is None:
