@@ -5,6 +5,7 @@ dlscale bench --yaml_config configs/vit_era5.yaml --config short [--sweep num_da
 dlscale data synth-era5 --out data/era5_demo --preset demo
 dlscale config --yaml_config configs/vit_era5.yaml --config short     # the resolved config
 dlscale info                                                           # versions and device
+dlscale plan --yaml_config configs/vit_era5.yaml --config mp --gpus 4   # memory/traffic of each dp x tp x cp
 """
 
 from __future__ import annotations
@@ -186,6 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     from dlscale.commands.monitor import add_monitor_arguments  # the monitor command owns its options
 
     add_monitor_arguments(monitor)
+
+    plan = commands.add_parser(
+        "plan",
+        help="per-GPU memory and traffic of every dp x tp x cp layout of a config, ranked (no GPU needed)",
+    )
+    add_config_arguments(plan)
+    from dlscale.commands.plan import add_plan_arguments  # the plan command owns its options
+
+    add_plan_arguments(plan)
 
     commands.add_parser("info", help="versions and the device dlscale would train on")
     return parser

@@ -27,21 +27,6 @@ class InvalidValue(ConfigError):
         self.message = message
 
 
-class NotAvailableYet(InvalidValue):
-    """A recognised key or flag, for a feature that a later dlscale release implements, was switched on.
-
-    dlscale accepts and validates such keys (so the tutorials' configs parse) but refuses to run with them
-    rather than silently ignoring them.
-    """
-
-    def __init__(self, key: str, value: object, feature: str, default: object):
-        super().__init__(
-            key,
-            f"{value!r} is not available yet in this version of dlscale ({feature} is planned); "
-            f"set {key} to {default!r} for now",
-        )
-
-
 class DataError(DlscaleError):
     """A data set on disk is missing, malformed, truncated or does not match the config."""
 

@@ -15,6 +15,7 @@ import torch
 from dlscale.cli import main
 from dlscale.config import load_run_config
 from dlscale.errors import ConfigError, DataError
+from dlscale.parallel.mesh import MeshShape, ParallelMesh
 from dlscale.perf.bench import run_benchmark, run_trials
 from dlscale.perf.bench_report import (
     BOUND_MARGIN,
@@ -104,6 +105,7 @@ def fake_setup(cfg, loader, step, world_size: int = 1, local_batch: int = 4, uti
         local_batch_size=local_batch,
         global_batch_size=local_batch * world_size,
         utilization=utilization,
+        mesh=ParallelMesh(MeshShape(dp=world_size), rank=0),
     )
 
 
@@ -273,7 +275,12 @@ def test_output_lines_and_json_follow_benchy(tmp_path, bench_lines):
     assert record["summary"]["SYNTHETIC"]["mean"] == pytest.approx(16 / 0.12)
     assert record["verdict"]["kind"] == "overhead"
     assert record["config"]["name"] == "tiny" and record["command"] == "dlscale bench --config tiny"
-    assert record["batch"] == {"local": 4, "global": 4, "world_size": 1}
+    assert record["batch"] == {
+        "local": 4,
+        "global": 4,
+        "world_size": 1,
+        "layout": "dp=1 x tp=1 x cp=1 (order tp-cp-dp)",
+    }
     knobs = {"amp_mode", "tf32", "enable_jit", "cuda_graphs", "enable_fused", "data_loader_config"}
     assert set(record["knobs"]) == knobs | {"num_data_workers", "noddp"}
     assert record["knobs"]["noddp"] is False

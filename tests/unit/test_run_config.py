@@ -12,7 +12,7 @@ import pytest
 from dlscale.config import config_reference, load_run_config
 from dlscale.config.run_config import SECTION_ORDER, flat_key_homes, section_classes
 from dlscale.config.yaml_source import read_config_file
-from dlscale.errors import ConfigError, NotAvailableYet
+from dlscale.errors import ConfigError
 from dlscale.parallel.layout import ParallelConfig
 from dlscale.train.schedule import scaled_lr
 
@@ -223,25 +223,15 @@ def test_overrides_beat_flat_and_nested_file_values(tmp_path):
 # --------------------------------------------------------------------------------------------- checks
 
 
-@pytest.mark.parametrize(
-    ("override", "key", "default"),
-    [
-        ("parallel.tensor_parallel=2", "parallel.tensor_parallel", "1"),
-        ("parallel.context_parallel=2", "parallel.context_parallel", "1"),
-    ],
-)
-def test_later_features_say_not_available_yet(tmp_path, override, key, default):
-    message, path = load_error(tmp_path, MINIMAL, overrides=[override])
-    assert_names(message, str(path), key, "not available yet", f"set {key.split('.')[1]} to {default}")
-    section, name = key.split(".")
-    value = override.split("=")[1]
-    message, path = load_error(tmp_path, f"base:\n  {section}: {{{name}: {value}}}\n")
-    assert_names(message, str(path), "[config 'base']", key, "not available yet")
-
-
-def test_later_features_raise_not_available_yet_from_their_component():
-    with pytest.raises(NotAvailableYet, match="tensor_parallel"):
-        ParallelConfig(tensor_parallel=2)
+def test_model_parallel_sizes_load_and_bad_ones_name_their_key(tmp_path):
+    cfg = load(tmp_path, MINIMAL, overrides=["parallel.tensor_parallel=2", "parallel.context_parallel=4"])
+    assert (cfg.parallel.tensor_parallel, cfg.parallel.context_parallel) == (2, 4)
+    message, path = load_error(tmp_path, MINIMAL, overrides=["parallel.context_parallel=0"])
+    assert_names(message, str(path), "parallel.context_parallel", ">= 1", "got 0")
+    message, path = load_error(tmp_path, MINIMAL, overrides=["parallel.parallel_order=tp-dp"])
+    assert_names(message, str(path), "parallel.parallel_order", "tp, cp, dp", "'tp-dp'")
+    with pytest.raises(ConfigError, match="tensor_parallel"):
+        ParallelConfig(tensor_parallel=0)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import pytest
 
 from dlscale.cli import main
 from dlscale.config import load_run_config
+from dlscale.parallel.mesh import MeshShape, ParallelMesh
 from dlscale.perf.bench_report import TrialSeries, build_record, decide_bottleneck
 from dlscale.perf.scaling import (
     SCALING_KIND,
@@ -51,6 +52,8 @@ def bench_record(cfg, world_size: int, local_batch: int, full: list[float], nodd
         config=noddp_config() if noddp else cfg,
         process=ProcessInfo(rank=0, world_size=world_size),
         local_batch_size=local_batch,
+        global_batch_size=local_batch * world_size,
+        mesh=ParallelMesh(MeshShape(dp=world_size), rank=0),
         device=Device("cpu"),
         utilization=None,
     )
@@ -84,7 +87,12 @@ def weak_study_files(folder: Path, cfg, noddp: bool = True) -> Path:
 def test_bench_record_carries_what_scaling_needs(tiny_config):
     record = bench_record(tiny_config, 2, 4, [10.0, 12.0])
     assert record["nranks"] == 2 and record["FULL"]["trial_throughput"] == [10.0, 12.0]
-    assert record["batch"] == {"local": 4, "global": 8, "world_size": 2}
+    assert record["batch"] == {
+        "local": 4,
+        "global": 8,
+        "world_size": 2,
+        "layout": "dp=2 x tp=1 x cp=1 (order tp-cp-dp)",
+    }
     assert record["knobs"]["noddp"] is False
     assert bench_record(tiny_config, 2, 4, [10.0], noddp=True)["knobs"]["noddp"] is True
 

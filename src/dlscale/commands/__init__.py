@@ -23,6 +23,10 @@ def run(args: argparse.Namespace) -> int:
         from dlscale.commands.monitor import run_monitor_command
 
         return run_monitor_command(args)
+    if args.command == "plan":
+        from dlscale.commands.plan import run_plan_command
+
+        return run_plan_command(args)
     if args.command == "data":
         from dlscale.commands.data import run_data
 

@@ -10,6 +10,7 @@ from dlscale import __version__
 from dlscale.cli import tutorial_flag_values
 from dlscale.config import RunConfig, load_run_config
 from dlscale.perf.bench import run_benchmark
+from dlscale.perf.memory_report import MemoryReport
 from dlscale.perf.monitor_observer import MonitorObserver
 from dlscale.perf.profile import build_profiling
 from dlscale.report.console import ConsoleReporter
@@ -103,10 +104,16 @@ def build_observers(setup: TrainingSetup) -> list[Observer]:
     """The observers of a run, in the order they are told about events (logs before checkpoint lines)."""
     cfg, run_dir = setup.config, setup.run_dir
     if not setup.process.is_main:
-        return []
+        # Every rank takes part in gathering a model-parallel checkpoint; rank 0 writes it.
+        return (
+            [CheckpointObserver(cfg.checkpoint, setup.checkpoints, write=False)]
+            if cfg.checkpoint.enabled
+            else []
+        )
     observers: list[Observer] = [
         ConsoleReporter(),
         ProgressReporter(cfg.log.progress, cfg.log.progress_interval_s),
+        MemoryReport(),
     ]
     tensorboard_dir = run_dir / "tensorboard" if cfg.log.tensorboard else None
     if tensorboard_dir is not None:

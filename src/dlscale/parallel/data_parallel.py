@@ -1,7 +1,10 @@
 """Data parallelism from outside the model: wrap it in DDP with the config's knobs, or leave it alone.
 
-Every rank holds a full replica; DDP all-reduces (averages) the gradients during backward, bucket by bucket,
-so that the update equals one step on the global batch. The model itself knows nothing of this.
+Every data-parallel rank holds a replica (or, with tensor/context parallelism, the same part of one); DDP
+all-reduces (averages) the gradients during backward, bucket by bucket, so that the update equals one step on
+the global batch. With context parallelism the average runs over the dp x cp ranks that hold the same
+parameters (see :mod:`dlscale.parallel.context_parallel` for why that also sums the cp ranks' partial
+gradients). The model itself knows nothing of this.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from dlscale.errors import ConfigError
+from dlscale.parallel.fully_sharded import shard_fully
 from dlscale.parallel.layout import ParallelConfig
+from dlscale.parallel.mesh import ParallelMesh
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 
@@ -20,17 +25,43 @@ log = logging.getLogger("dlscale.parallel")
 
 
 def wrap_data_parallel(
-    model: torch.nn.Module, cfg: ParallelConfig, process: ProcessInfo, device: Device
+    model: torch.nn.Module,
+    cfg: ParallelConfig,
+    process: ProcessInfo,
+    device: Device,
+    mesh: ParallelMesh | None = None,
 ) -> torch.nn.Module:
-    """``model`` in DDP when several ranks train it; the model itself with one rank or ``noddp``.
+    """``model`` in DDP when several ranks hold the same parameters; the model itself otherwise or with ``noddp``.
 
     ``noddp`` trains every rank on its own shard without synchronizing gradients: the replicas drift apart,
     which is only useful to measure compute-only scaling (the tutorials' comparison).
     """
+    mesh = mesh or ParallelMesh.serial()
     if cfg.data_parallel == "dataparallel":
+        if mesh.is_model_parallel:
+            raise ConfigError(
+                "parallel.data_parallel 'dataparallel' cannot be combined with tensor or context parallelism; "
+                "use 'ddp' or 'fsdp'"
+            )
         return _single_process_data_parallel(model, process, device)
-    if process.world_size <= 1:
+    if cfg.noddp and mesh.size("cp") > 1:
+        raise ConfigError(
+            "parallel.noddp cannot be used with context_parallel > 1: the cp ranks' gradients must be summed "
+            "for the model to be trained at all"
+        )
+    replicas = mesh.size("dp-cp") if mesh.is_model_parallel else process.world_size
+    if replicas <= 1:
         return model
+    group = mesh.group("dp-cp") if mesh.is_model_parallel else None
+    if cfg.data_parallel == "fsdp":
+        if cfg.noddp:
+            raise ConfigError(
+                "parallel.noddp cannot be combined with data_parallel 'fsdp' (it shards over the ranks)"
+            )
+        units = getattr(model, "blocks", None)  # transformer blocks are FSDP's natural units
+        return shard_fully(
+            model, units if isinstance(units, torch.nn.Module) else [], group, device.torch.type
+        )
     if cfg.noddp:
         log.warning(
             "noddp: the %d ranks do not synchronize gradients; their models diverge (for scaling studies only)",
@@ -43,6 +74,7 @@ def wrap_data_parallel(
         bucket_cap_mb=cfg.bucket_cap_mb,
         broadcast_buffers=not cfg.disable_broadcast_buffers,
         gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+        process_group=group,
     )
 
 

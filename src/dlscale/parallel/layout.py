@@ -1,8 +1,6 @@
 """The ``parallel:`` config section: how a run is laid out over GPUs (dp x tp x cp) and how DDP is tuned.
 
-Data parallelism (DDP over all ranks) and its knobs work; tensor and context parallelism are accepted and
-validated so the tutorials' flags and configs parse, and sizes above 1 stop with a "not available yet" message
-instead of being ignored.
+tp and cp are given; dp is what the world size leaves (see :mod:`dlscale.parallel.mesh`).
 """
 
 from __future__ import annotations
@@ -10,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from dlscale.errors import InvalidValue, NotAvailableYet
+from dlscale.errors import InvalidValue
 
 _PARALLEL_NAMES = ("tp", "cp", "dp")
 
@@ -22,7 +20,9 @@ class ParallelConfig:
     tensor_parallel: int = 1  # ranks that split each layer's hidden dimension and heads (tp)
     context_parallel: int = 1  # ranks that split the token sequence (cp)
     parallel_order: str = "tp-cp-dp"  # the first name gets adjacent ranks (keep it on one node's NVLink)
-    data_parallel: Literal["ddp", "dataparallel"] = "ddp"  # dataparallel: one process drives all its GPUs
+    # ddp: replicas, gradients all-reduced; fsdp: FSDP2 fully_shard over dp (parameters, gradients and optimizer
+    # state sharded too); dataparallel: one process drives all its GPUs (the LUMI tutorial's middle step)
+    data_parallel: Literal["ddp", "fsdp", "dataparallel"] = "ddp"
     bucket_cap_mb: float = 25.0  # DDP gradient bucket size
     disable_broadcast_buffers: bool = False  # DDP: do not broadcast buffers every step
     gradient_as_bucket_view: bool = True  # DDP: gradients live in the all-reduce buckets (saves a copy)
@@ -42,10 +42,6 @@ class ParallelConfig:
             )
         if self.bucket_cap_mb <= 0:
             raise InvalidValue("bucket_cap_mb", f"must be > 0, got {self.bucket_cap_mb}")
-        if self.tensor_parallel > 1:
-            raise NotAvailableYet("tensor_parallel", self.tensor_parallel, "tensor parallelism", 1)
-        if self.context_parallel > 1:
-            raise NotAvailableYet("context_parallel", self.context_parallel, "context parallelism", 1)
         if self.timeout_s <= 0:
             raise InvalidValue("timeout_s", f"must be > 0 seconds, got {self.timeout_s}")
         if self.stop_check_every < 1:

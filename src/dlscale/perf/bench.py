@@ -116,7 +116,7 @@ class TrialDriver:
         self.setup = setup
         self.bench = bench if bench is not None else setup.config.bench
         self.clock = clock
-        self.samples_per_iteration = setup.local_batch_size * setup.process.world_size
+        self.samples_per_iteration = setup.global_batch_size  # local batch x data-parallel ranks
         self.global_step = 0
         self.batches = EndlessBatches(setup.train_loader, getattr(setup, "train_sampler", None))
         self._print = log.info if setup.process.is_main else _silent
@@ -273,13 +273,13 @@ def run_benchmark(
     if process.is_main:
         log.info(
             "BENCHY::INFO::Message: Using dlscale bench config: nwarmup %d, ntrials %d, nbatches %d, "
-            "global batch %d (%d x %d rank(s)).",
+            "global batch %d (%d x %d data-parallel rank(s)).",
             bench.nwarmup,
             bench.ntrials,
             bench.nbatches,
-            setup.local_batch_size * process.world_size,
+            setup.global_batch_size,
             setup.local_batch_size,
-            process.world_size,
+            setup.global_batch_size // setup.local_batch_size,
         )
     tests = run_trials(setup, bench, clock)
     verdict = decide_bottleneck(*mean_throughputs(tests)).for_run(

@@ -318,8 +318,9 @@ def build_record(
             "config": {"name": cfg.name, "source": cfg.source, "overrides": list(cfg.overrides)},
             "batch": {
                 "local": setup.local_batch_size,
-                "global": setup.local_batch_size * setup.process.world_size,
+                "global": setup.global_batch_size,
                 "world_size": setup.process.world_size,
+                "layout": setup.mesh.shape.describe(),
             },
             "knobs": {
                 "amp_mode": cfg.train.amp_mode,

@@ -213,8 +213,8 @@ def load_model_state(model: torch.nn.Module, state: Mapping[str, Any], source: s
             f"{source}: the model state is a {type(state).__name__}, expected a mapping of names to tensors"
         )
     model_state = model.state_dict()
-    model_keys = _canonical_names(list(model_state))
-    ckpt_keys = _canonical_names(list(state))
+    model_keys = canonical_names(list(model_state))
+    ckpt_keys = canonical_names(list(state))
 
     missing = [model_keys[c] for c in model_keys if c not in ckpt_keys]
     unexpected = [ckpt_keys[c] for c in ckpt_keys if c not in model_keys]
@@ -243,7 +243,7 @@ def load_model_state(model: torch.nn.Module, state: Mapping[str, Any], source: s
         raise CheckpointError(f"{source}: cannot load the model state: {exc}") from exc
 
 
-def _canonical_names(keys: list[str]) -> dict[str, str]:
+def canonical_names(keys: list[str]) -> dict[str, str]:
     """Map each key, without the wrapper prefixes that *all* keys share, to the original key."""
     stripped = list(keys)
     changed = True

@@ -12,16 +12,24 @@ log = logging.getLogger("dlscale.train")
 
 
 class CheckpointObserver(Observer):
-    """Writes the latest (and best) checkpoint at the configured points; never twice for one step."""
+    """Writes the latest (and best) checkpoint at the configured points; never twice for one step.
 
-    def __init__(self, cfg: CheckpointConfig, checkpoints: CheckpointDir):
+    It runs on every rank, because gathering the shards of a model-parallel run is a collective; only the rank
+    with ``write`` set (rank 0) writes the file.
+    """
+
+    def __init__(self, cfg: CheckpointConfig, checkpoints: CheckpointDir, write: bool = True):
         self.cfg = cfg
         self.checkpoints = checkpoints
+        self.write = write
         self.saved_at_step: int | None = None
 
     def save(self, trainer, is_best: bool = False, why: str = "") -> None:
-        path = self.checkpoints.save(training_payload(trainer), is_best=is_best and self.cfg.keep_best)
+        payload = training_payload(trainer)
         self.saved_at_step = trainer.progress.global_step
+        if not self.write:
+            return
+        path = self.checkpoints.save(payload, is_best=is_best and self.cfg.keep_best)
         best = " (also the best so far)" if is_best and self.cfg.keep_best else ""
         log.info("Saved checkpoint %s at step %d%s%s", path, trainer.progress.global_step, best, why)
 

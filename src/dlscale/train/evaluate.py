@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
+from dlscale.errors import DlscaleError
 from dlscale.runtime.device import Device
-from dlscale.runtime.distributed import is_distributed, sum_across_ranks_
+from dlscale.runtime.distributed import any_rank, is_distributed, sum_across_ranks_
 
 
 @dataclass
@@ -51,11 +53,20 @@ class Evaluator(Protocol):
 
 
 def evaluate(
-    model: torch.nn.Module, loader: Any, evaluator: Evaluator, device: Device, predict: Any = None
+    model: torch.nn.Module,
+    loader: Any,
+    evaluator: Evaluator,
+    device: Device,
+    predict: Any = None,
+    metric_sum: Callable[[torch.Tensor], None] | None = None,
+    lockstep: bool = False,
 ) -> EvalSummary:
     """One pass over ``loader`` in eval mode without gradients; restores the model's training mode after.
 
     ``predict`` (default: ``model``) maps inputs to predictions, so a precision or compile wrapper can be used.
+    ``metric_sum`` sums a tensor in place over the ranks that evaluated different samples (default: all ranks).
+    ``lockstep``: every rank runs the model equally often (FSDP2 all-gathers parameters inside the forward, so a
+    rank with fewer validation batches repeats its last one, without counting it, until all are done).
     """
     predict = model if predict is None else predict
     was_training = model.training
@@ -64,16 +75,29 @@ def evaluate(
     device.synchronize()
     started = time.perf_counter()
     with torch.inference_mode():
-        for inputs, targets in loader:
-            inputs, targets = device.move(inputs), device.move(targets)
+        batches, last_inputs = iter(loader), None
+        while True:
+            batch = next(batches, None)
+            if lockstep and any_rank(batch is not None, device):
+                if batch is None:
+                    if last_inputs is None:
+                        raise DlscaleError("a rank has no validation sample; use fewer data-parallel ranks")
+                    predict(last_inputs)  # keeps the other ranks' all-gathers company
+                    continue
+            elif batch is None:
+                break
+            inputs, targets = device.move(batch[0]), device.move(batch[1])
             evaluator.update(inputs, targets, predict(inputs))
-    if is_distributed():
+            last_inputs = inputs
+    if metric_sum is None and is_distributed():
+        metric_sum = sum_across_ranks_
+    if metric_sum is not None:
         if not hasattr(evaluator, "reduce_across_ranks"):
             # Its metrics would describe this rank's share of the samples only.
             raise TypeError(
                 f"{type(evaluator).__name__} has no reduce_across_ranks(); it cannot run on several ranks"
             )
-        evaluator.reduce_across_ranks(sum_across_ranks_, device.torch)
+        evaluator.reduce_across_ranks(metric_sum, device.torch)
     device.synchronize()
     summary = evaluator.summary()
     summary.seconds = time.perf_counter() - started

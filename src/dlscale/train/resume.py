@@ -12,6 +12,12 @@ import torch
 
 from dlscale import __version__
 from dlscale.errors import CheckpointError, InvalidValue
+from dlscale.parallel.sharded_state import (
+    full_model_state,
+    full_optimizer_state,
+    local_model_state,
+    local_optimizer_state,
+)
 from dlscale.runtime.rng import capture_rng_state, restore_rng_state
 from dlscale.train.checkpoint import CheckpointDir, load_checkpoint, load_model_state
 from dlscale.train.progress import TrainProgress
@@ -62,6 +68,11 @@ _EXPECTED_CHANGES = {
     "loader.device_prefetch",
     "loader.pin_memory",
     "loader.persistent_workers",
+    # The layout: a checkpoint holds the serial model's state, so any layout continues it.
+    "parallel.tensor_parallel",
+    "parallel.context_parallel",
+    "parallel.parallel_order",
+    "parallel.data_parallel",
 }
 # Whole sections that only observe a run: changing them between attempts is normal.
 _EXPECTED_CHANGED_SECTIONS = ("profile.", "bench.")
@@ -91,8 +102,9 @@ def training_payload(trainer: Trainer) -> dict[str, Any]:
     setup = trainer.setup
     trainer.flush_loss()
     return {
-        "model": setup.model.state_dict(),
-        "optimizer": setup.optimizer.state_dict(),
+        # Gathered to the serial model's shapes, so that any layout can continue from it.
+        "model": full_model_state(setup.model),
+        "optimizer": full_optimizer_state(setup.model, setup.optimizer),
         "scheduler": setup.schedule.state_dict(),
         "grad_scaler": setup.precision.state_dict(),
         "rng": capture_rng_state(),
@@ -104,6 +116,7 @@ def training_payload(trainer: Trainer) -> dict[str, Any]:
             "config_name": setup.config.name,
             "workload": setup.config.workload,
             "world_size": setup.process.world_size,
+            "layout": setup.mesh.shape.describe(),
             "global_batch_size": setup.global_batch_size,
             "saved_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
@@ -127,8 +140,10 @@ def restore_training(setup: TrainingSetup, path: Path) -> TrainProgress:
             f"{source}: was written with global batch size {saved_batch}, this run uses {setup.global_batch_size}; "
             "the data position and the LR schedule only carry over with the same global batch size"
         )
-    load_model_state(setup.model, payload["model"], source)
-    load_optimizer_state(setup.optimizer, payload["optimizer"], source)
+    # The checkpoint holds the serial model's state; each rank loads its own shards of it.
+    load_model_state(setup.model, local_model_state(setup.model, payload["model"]), source)
+    optimizer_state = local_optimizer_state(setup.model, setup.optimizer, payload["optimizer"])
+    load_optimizer_state(setup.optimizer, optimizer_state, source)
     setup.precision.load_state_dict(payload.get("grad_scaler"))
     _warn_about_changes(payload.get("config", {}), setup.config.to_dict(), source)
     saved_schedule = payload.get("scheduler")

@@ -18,6 +18,8 @@ from dlscale.data.pipeline import BatchSource, build_batch_source
 from dlscale.data.sampler import EvaluationSampler, TrainingSampler
 from dlscale.errors import ConfigError
 from dlscale.parallel.data_parallel import wrap_data_parallel
+from dlscale.parallel.mesh import ParallelMesh
+from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum, parallelize, report_layout
 from dlscale.perf.flops import Utilization, compute_precision, training_flops_per_sample
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
@@ -59,23 +61,26 @@ class TrainingSetup:
     checkpoints: CheckpointDir
     precision: Precision
     predict: Any  # inputs -> fp32 predictions for validation (compiled and autocast like training)
+    mesh: ParallelMesh = field(default_factory=ParallelMesh.serial)  # the dp x tp x cp layout and its groups
+    metric_sum: Any = None  # in-place sum of validation metrics over the ranks that saw different samples
+    lockstep_validation: bool = False  # every rank runs the same number of validation forwards (FSDP2)
     progress: TrainProgress = field(default_factory=TrainProgress)
     resumed_from: Path | None = None
     utilization: Any = None  # dlscale.perf.flops.Utilization: TFLOP/s and MFU from samples/s (None: unknown)
     markers: Any = NO_MARKERS  # named ranges (NVTX, profiler) around the loop's data, step and phases
 
 
-def batch_sizes(cfg: RunConfig, process: ProcessInfo) -> tuple[int, int]:
-    """(global, local) batch sizes: ``local_batch_size`` wins when set, else global is split over the ranks."""
-    ranks = process.world_size
+def batch_sizes(cfg: RunConfig, replicas: int) -> tuple[int, int]:
+    """(global, local) batch sizes over ``replicas`` data-parallel ranks: ``local_batch_size`` wins when set,
+    else the global batch is split over them (the tp x cp ranks of one replica share its local batch)."""
     if cfg.train.local_batch_size is not None:
-        return cfg.train.local_batch_size * ranks, cfg.train.local_batch_size
-    if cfg.train.global_batch_size % ranks:
+        return cfg.train.local_batch_size * replicas, cfg.train.local_batch_size
+    if cfg.train.global_batch_size % replicas:
         raise ConfigError(
-            f"train.global_batch_size {cfg.train.global_batch_size} is not divisible by the {ranks} ranks; "
-            "change it or set --local_batch_size"
+            f"train.global_batch_size {cfg.train.global_batch_size} is not divisible by the {replicas} data-parallel "
+            "ranks; change it or set --local_batch_size"
         )
-    return cfg.train.global_batch_size, cfg.train.global_batch_size // ranks
+    return cfg.train.global_batch_size, cfg.train.global_batch_size // replicas
 
 
 def build_training(
@@ -91,17 +96,25 @@ def build_training(
     checkpoints = CheckpointDir(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
     # Fails early, before reading any data.
     resume_from = resume_source(cfg.checkpoint, checkpoints) if resume else None
+    mesh = create_mesh(
+        cfg.parallel, process
+    )  # before any data is read: a layout that does not fit fails fast
     seed_everything(cfg.train.seed)
 
     datasets = workload.build_datasets(cfg.data)
     train_set, valid_set = datasets["train"], datasets["valid"]
-    global_batch, local_batch = batch_sizes(cfg, process)
+    global_batch, local_batch = batch_sizes(cfg, mesh.dp_size)
     try:
         plan = plan_epochs(len(train_set), global_batch, cfg.train.num_iters, cfg.train.num_epochs)
     except ValueError as exc:
         raise ConfigError(f"{cfg.source} [config {cfg.name!r}]: {exc}") from None
 
     model = workload.build_model(cfg.model, cfg.data).to(device.torch)
+    model = parallelize(model, workload, mesh)  # this rank's part of it (tp/cp), from outside the model
+    # DDP across the ranks holding the same parameters, FSDP2 (which shards the parameters first, so it comes
+    # before the optimizer), or the model itself.
+    replica = wrap_data_parallel(model, cfg.parallel, process, device, mesh)
+    report_layout(model, mesh)
     peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_scaling, global_batch, cfg.optim.base_batch_size)
     graphed = cfg.train.cuda_graphs
     capturable = graphed and optimizer_is_capturable(cfg.optim.optimizer, cfg.train.amp_mode)
@@ -110,7 +123,6 @@ def build_training(
         peak_lr, plan.total_steps, cfg.optim.warmup, cfg.optim.end_lr, cfg.optim.lr_schedule
     )
     precision = Precision(cfg.train.amp_mode, device)
-    replica = wrap_data_parallel(model, cfg.parallel, process, device)  # DDP across ranks, or the model
     forward = compile_model(replica, cfg.train.compile_mode) if cfg.train.enable_jit else replica
     step_class, extra = (
         (GraphedTrainStep, {"warmup_steps": cfg.train.graph_warmup_steps, "batch_size": local_batch})
@@ -121,13 +133,14 @@ def build_training(
         model, workload.loss, optimizer, schedule, cfg.optim.max_grad_norm, precision, forward, **extra
     )
 
+    # Data is sharded over dp only: every rank of one model replica reads the same samples.
     sampler = TrainingSampler(
-        len(train_set), global_batch, process.world_size, process.rank, cfg.loader.shuffle, cfg.train.seed
+        len(train_set), global_batch, mesh.dp_size, mesh.dp_rank, cfg.loader.shuffle, cfg.train.seed
     )
     train_loader = build_batch_source(
         train_set, cfg.loader, local_batch, sampler, device, seed=cfg.train.seed
     )
-    valid_sampler = EvaluationSampler(len(valid_set), process.world_size, process.rank)
+    valid_sampler = EvaluationSampler(len(valid_set), mesh.dp_size, mesh.dp_rank)
     valid_loader = build_batch_source(
         valid_set, cfg.loader, local_batch, valid_sampler, device, seed=cfg.train.seed + 1
     )
@@ -156,6 +169,11 @@ def build_training(
         # without validation samples would skip.
         predict=precision.wrap_inference(forward if replica is model else model),
         utilization=measure_utilization(workload, model, cfg, device, train_set),
+        mesh=mesh,
+        metric_sum=data_parallel_sum(mesh, default=None),
+        lockstep_validation=cfg.parallel.data_parallel == "fsdp"
+        and replica is model
+        and process.world_size > 1,
     )
     if resume_from is not None:
         setup.progress = restore_training(setup, resume_from)  # restores the RNG last, right before training
@@ -225,14 +243,15 @@ def describe_setup(setup: TrainingSetup) -> list[str]:
             f"-> {setup.schedule.peak_lr:.3g} at batch {setup.global_batch_size})"
         )
     lines = [
-        f"Device: {setup.device.name}; torch {torch.__version__}; {setup.process.world_size} process(es)",
+        f"Device: {setup.device.name}; torch {torch.__version__}; {setup.process.world_size} process(es), "
+        f"layout {setup.mesh.shape.describe()}",
         f"Data: train {train_set!r}",
         f"      valid {valid_set!r}",
         f"Model: {setup.workload.describe_model(setup.model)}",
         f"Optimizer: {optim.optimizer}{' (fused)' if optim.enable_fused else ''}, peak lr "
         f"{setup.schedule.peak_lr:.3g}{lr_note}, {optim.lr_schedule} schedule, warmup {optim.warmup} steps",
         f"Batch: global {setup.global_batch_size} (local {setup.local_batch_size} x "
-        f"{setup.process.world_size} rank(s)); {plan.explanation}",
+        f"{setup.mesh.dp_size} data-parallel rank(s)); {plan.explanation}",
         f"Execution: {describe_execution(cfg)}",
     ]
     if setup.utilization is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from dlscale.parallel.sharded_state import clip_grad_norm_sharded
 from dlscale.train.precision import Precision
 from dlscale.train.schedule import LRSchedule
 
@@ -84,7 +85,8 @@ class TrainStep:
         with self.markers.range("optimizer"):
             self.precision.unscale(self.optimizer)
             if self.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+                # The serial model's gradient norm, also when tensor parallelism shards the parameters.
+                clip_grad_norm_sharded(self.model, self.max_grad_norm)
             self.precision.step(self.optimizer)
 
 

@@ -137,7 +137,9 @@ class Trainer:
         s, p = self.setup, self.progress
         self.flush_loss()
         train_loss = p.epoch_loss_sum / max(p.step_in_epoch, 1)
-        validation = evaluate(s.model, s.valid_loader, s.evaluator, s.device, s.predict)
+        validation = evaluate(
+            s.model, s.valid_loader, s.evaluator, s.device, s.predict, s.metric_sum, s.lockstep_validation
+        )
         is_best = p.best_val_loss is None or validation.loss < p.best_val_loss
         if is_best:
             p.best_val_loss, p.best_epoch = validation.loss, p.epoch + 1

@@ -130,6 +130,12 @@ class ERA5ViT:
             model_cfg, data_cfg.img_size, data_cfg.n_in_channels, data_cfg.n_out_channels
         )
 
+    def parallelize(self, model: VisionTransformer, mesh) -> VisionTransformer:
+        """This rank's tensor/context-parallel part of the ViT (see dlscale.parallel.vit_parallel)."""
+        from dlscale.parallel.vit_parallel import parallelize_vit
+
+        return parallelize_vit(model, mesh)
+
     def forward_flops_per_sample(self, model_cfg: ViTConfig, data_cfg: ERA5DataConfig) -> int:
         """Analytic forward FLOPs of one sample (matmuls and attention), for TFLOP/s and MFU."""
         return vit_flops_per_sample(

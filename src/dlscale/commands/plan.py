@@ -1,0 +1,210 @@
+"""``dlscale plan``: which dp x tp x cp layouts of N GPUs fit a config's model in memory, and what each sends.
+
+    dlscale plan --yaml_config configs/vit_era5.yaml --config mp --gpus 4 --gpu_memory_gb 80 \
+        [--set key=value] [--json plan.json]
+
+Every layout with dp * tp * cp == GPUs is estimated (see :mod:`dlscale.perf.memory_plan` for the formulas and
+how they compare with measurements): those that fit come first, least traffic per step first, then those that
+do not fit, then those the model cannot be split into, each with its reason. Nothing runs on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from dlscale.config import load_run_config
+from dlscale.errors import InvalidValue
+from dlscale.perf.memory_plan import (
+    GIB,
+    Layout,
+    LayoutEstimate,
+    ModelShape,
+    Plan,
+    TrainingSettings,
+    count_parameters_per_gpu,
+    model_shape_of,
+    plan,
+    tutorial_comparisons,
+)
+from dlscale.runtime.atomic_files import write_text_atomically
+
+DEFAULT_GPU_MEMORY_GB = 80.0
+
+COLUMNS = (
+    f"  {'rank':>4}  {'dp':>2} {'tp':>2} {'cp':>2}  {'batch':>5}  {'params/GPU':>11}  {'states':>6}  "
+    f"{'activ.':>6}  {'copies':>6}  {'CUDA':>4}  {'total':>6}  {'use':>4}  | {'tp comm':>7}  {'cp comm':>7}  "
+    f"{'dp comm':>7}  {'comm':>6}"
+)
+LEGEND = (
+    "GB per GPU (GB = 2^30 bytes): states = parameters + gradients + optimizer state (+ FSDP's unsharded "
+    "working set or DDP's separate buckets); activ. = tensors saved for backward; copies = autocast's "
+    "half-precision weights; CUDA = allowance for the CUDA context and libraries; use = total / GPU memory. "
+    "comm = GB each GPU sends per training step."
+)
+REPORT_WIDTH = 110
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dlscale plan`` (the parser already has --yaml_config, --config and --set)."""
+    parser.add_argument("--gpus", type=int, required=True, help="number of GPUs to lay the run out on")
+    parser.add_argument(
+        "--gpu_memory_gb",
+        type=float,
+        default=DEFAULT_GPU_MEMORY_GB,
+        help=f"memory of one GPU in GB of 2^30 bytes (default {DEFAULT_GPU_MEMORY_GB:g})",
+    )
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write every row as JSON to FILE")
+
+
+def run_plan_command(args: argparse.Namespace) -> int:
+    """Estimate every layout, print the ranked table, optionally write the JSON; 0 on success."""
+    if args.gpus < 1:
+        raise InvalidValue("--gpus", f"must be a whole number of GPUs >= 1, got {args.gpus}")
+    if not (args.gpu_memory_gb > 0 and math.isfinite(args.gpu_memory_gb)):
+        raise InvalidValue("--gpu_memory_gb", f"must be a number of GB > 0, got {args.gpu_memory_gb}")
+    cfg = load_run_config(args.yaml_config, args.config, args.set, {})
+    shape = model_shape_of(cfg)
+    settings = TrainingSettings.from_run_config(cfg)
+    result = plan(
+        shape,
+        settings,
+        args.gpus,
+        args.gpu_memory_gb,
+        requested_tp=cfg.parallel.tensor_parallel,
+        requested_cp=cfg.parallel.context_parallel,
+    )
+    for line in plan_report(result, shape, settings, f"config {cfg.name!r} ({cfg.source})"):
+        print(line)
+    if args.json is not None:
+        document = plan_document(result, shape, settings, cfg.name, cfg.source)
+        write_text_atomically(args.json, json.dumps(document, indent=2) + "\n")
+        print(f"JSON {args.json}")
+    return 0
+
+
+def _gb(value: int) -> str:
+    return f"{value / GIB:.2f}"
+
+
+def caveat() -> str:
+    """What the estimate leaves out, with how far below the tutorial's measurements it comes out."""
+    runs = ", ".join(
+        f"{c.estimated_gb:.2f} GB where the GPU showed {c.measured_gb:g} GB at tp={c.tp}"
+        for c in tutorial_comparisons()
+    )
+    return (
+        "Not estimated: the caching allocator's reserve and fragmentation, and the temporaries of the "
+        "backward pass and of the collectives. For the NERSC tutorial's mp runs (local batch 16) this "
+        f"estimate gives {runs} (see dlscale.perf.memory_plan): treat a layout whose use is near 100% as not "
+        "fitting."
+    )
+
+
+def table_row(position: int, row: LayoutEstimate) -> str:
+    """One layout as a line of the table; a layout that cannot run has no numbers."""
+    layout = row.layout
+    start = f"  {position:>4}  {layout.dp:>2} {layout.tp:>2} {layout.cp:>2}"
+    if row.memory is None or row.comm is None or row.parameters is None:
+        return start
+    memory, comm = row.memory, row.comm
+    return (
+        f"{start}  {row.local_batch:>5}  {row.parameters.local:>11,}  {_gb(memory.model_states):>6}  "
+        f"{_gb(memory.activations):>6}  {_gb(memory.autocast_weight_copies):>6}  "
+        f"{_gb(memory.cuda_allowance):>4}  {_gb(memory.total):>6}  "
+        f"{memory.total / row.gpu_memory_bytes:>4.0%}  "
+        f"| {_gb(comm.tensor_parallel):>7}  "
+        f"{_gb(comm.context_parallel):>7}  {_gb(comm.data_parallel):>7}  {_gb(comm.total):>6}"
+    )
+
+
+def describe_requested(result: Plan) -> str:
+    """The sentence about the layout the config asks for."""
+    tp, cp = result.requested_tp, result.requested_cp
+    asked = f"The config asks for tp={tp} cp={cp}"
+    row = result.requested
+    if row is None:
+        return (
+            f"{asked}: tp x cp = {tp * cp} does not divide {result.gpus} GPU(s), so it cannot run on them; "
+            "change parallel.tensor_parallel / parallel.context_parallel or the GPU count"
+        )
+    position = f"rank {result.position(row)} of {len(result.rows)}"
+    where = f"{asked}, i.e. {row.layout} on {result.gpus} GPU(s) ({position})"
+    if not row.valid:
+        return f"{where}: cannot run: {row.reason}."
+    if row.fits:
+        return f"{where}: fits ({_gb(row.memory.total)} of {_gb(result.gpu_memory_bytes)} GB)."
+    return f"{where}: does not fit: {row.reason}."
+
+
+def plan_report(result: Plan, shape: ModelShape, settings: TrainingSettings, source: str) -> list[str]:
+    """The printed plan: the model, the three groups of layouts, the requested layout, the legend."""
+    parameters = count_parameters_per_gpu(shape, settings, Layout(1, 1, 1)).local
+    height, width = shape.img_size
+    lines = [
+        f"dlscale plan: {source}, {result.gpus} GPU(s) with {_gb(result.gpu_memory_bytes)} GB each",
+        f"  model: ViT embed_dim {shape.embed_dim}, depth {shape.depth}, {shape.num_heads} heads, MLP "
+        f"{shape.mlp_hidden_dim}, {parameters:,} parameters",
+        f"  data: {height}x{width} images, {shape.in_channels} -> {shape.out_channels} channels, patch "
+        f"{shape.patch_size} -> {shape.num_tokens:,} tokens",
+        f"  training: global batch {settings.global_batch_size}"
+        + (f" (local {settings.local_batch_size} per replica)" if settings.local_batch_size else "")
+        + f", amp {settings.amp_mode}, {settings.optimizer}, data_parallel {settings.data_parallel}",
+    ]
+    groups = (
+        (
+            "Layouts that fit (least traffic per step first, then least memory):",
+            [r for r in result.rows if r.fits],
+        ),
+        ("Layouts that do not fit (least memory first):", [r for r in result.rows if r.valid and not r.fits]),
+        ("Layouts the model cannot be split into:", [r for r in result.rows if not r.valid]),
+    )
+    for title, rows in groups:
+        lines += ["", title]
+        if not rows:
+            lines.append("  (none)")
+            continue
+        if rows[0].valid:
+            lines.append(COLUMNS)
+        for row in rows:
+            if row.valid:
+                lines.append(table_row(result.position(row), row))
+                if not row.fits:
+                    lines.append(f"{'':>8}-> {row.reason}")
+            else:
+                text = f"  {result.position(row):>4}  {row.layout}: {row.reason}"
+                lines += textwrap.wrap(text, REPORT_WIDTH, subsequent_indent=" " * 8)
+    lines.append("")
+    paragraphs = (describe_requested(result), LEGEND, caveat(), *(f"note: {n}" for n in result.notes))
+    for paragraph in paragraphs:
+        lines += textwrap.wrap(paragraph, REPORT_WIDTH, subsequent_indent="  ")
+    return lines
+
+
+def plan_document(
+    result: Plan, shape: ModelShape, settings: TrainingSettings, config_name: str, source: str
+) -> dict[str, Any]:
+    """The plan as JSON: inputs, every row in ranked order (with its rank), the requested layout."""
+    requested = result.requested
+    return {
+        "config": config_name,
+        "source": source,
+        "gpus": result.gpus,
+        "gpu_memory_gb": round(result.gpu_memory_bytes / GIB, 2),
+        "gb_bytes": GIB,
+        "model": {**vars(shape), "img_size": list(shape.img_size), "num_tokens": shape.num_tokens},
+        "settings": vars(settings),
+        "requested": {
+            "tp": result.requested_tp,
+            "cp": result.requested_cp,
+            "rank": None if requested is None else result.position(requested),
+            "fits": requested is not None and requested.fits,
+            "summary": describe_requested(result),
+        },
+        "rows": [{"rank": result.position(row), **row.to_dict()} for row in result.rows],
+        "notes": result.notes,
+    }

@@ -1,0 +1,76 @@
+"""Lay a run out on its dp x tp x cp mesh: create the groups, hand the model to its workload's parallelizer,
+and print which rank holds what."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dlscale.errors import ConfigError
+from dlscale.parallel.layout import ParallelConfig
+from dlscale.parallel.mesh import MeshShape, ParallelMesh, layout_table
+from dlscale.runtime.launch import ProcessInfo
+
+log = logging.getLogger("dlscale.parallel")
+
+
+def create_mesh(cfg: ParallelConfig, process: ProcessInfo) -> ParallelMesh:
+    """The mesh of this run (its groups are created here: every rank calls this at the same point)."""
+    shape = MeshShape.for_world(
+        process.world_size, cfg.tensor_parallel, cfg.context_parallel, cfg.parallel_order
+    )
+    return ParallelMesh.create(shape, process.rank)
+
+
+def parallelize(model: nn.Module, workload: Any, mesh: ParallelMesh) -> nn.Module:
+    """This rank's part of ``model`` on ``mesh`` (the model itself when tp = cp = 1).
+
+    The workload says how its model splits (``parallelize(model, mesh)``); one without it runs data-parallel only.
+    """
+    if mesh.is_model_parallel:
+        if not hasattr(workload, "parallelize"):
+            raise ConfigError(
+                f"workload {workload.name!r} has no tensor/context-parallel form; set parallel.tensor_parallel "
+                "and parallel.context_parallel to 1"
+            )
+        model = workload.parallelize(model, mesh)
+    return model
+
+
+def report_layout(model: nn.Module, mesh: ParallelMesh) -> None:
+    """Log the layout table with the parameters each rank holds (a collective: every rank calls it)."""
+    counts = parameters_per_rank(model, mesh.shape.world_size)
+    for line in layout_table(mesh.shape, counts):
+        log.info("%s", line)
+
+
+def parameters_per_rank(model: nn.Module, world_size: int) -> list[int]:
+    """The number of parameters each rank holds, after tp and FSDP sharding (a collective with several ranks)."""
+    # An FSDP2 parameter is a DTensor whose numel() is the whole tensor's; this rank holds its local shard.
+    mine = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
+    if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return [mine] * world_size
+    counts = [None] * world_size
+    dist.all_gather_object(counts, mine)
+    return [int(c) for c in counts]
+
+
+def data_parallel_sum(mesh: ParallelMesh, default: Any) -> Any:
+    """An in-place sum over the ranks that hold different samples (the dp group).
+
+    With model parallelism the ranks of one replica saw the same samples, so summing metrics over all ranks
+    would count every sample tp x cp times.
+    """
+    if not mesh.is_model_parallel:
+        return default
+    group = mesh.group("dp")
+
+    def sum_over_dp(tensor: torch.Tensor) -> None:
+        if group is not None:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+
+    return sum_over_dp
