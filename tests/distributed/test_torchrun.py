@@ -16,13 +16,13 @@ from dlscale.train.checkpoint import load_checkpoint
 REPO = Path(__file__).resolve().parents[2]
 
 
-def torchrun(*args: str) -> list[str]:
+def torchrun(*args: str, ranks: int = 2) -> list[str]:
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
-        "--nproc_per_node=2",
+        f"--nproc_per_node={ranks}",
         "-m",
         "dlscale",
         *args,
@@ -95,3 +95,36 @@ def test_bench_on_one_and_two_ranks_feeds_the_scaling_study(tiny_era5, tmp_path)
     rows = [line for line in table.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
     assert len(rows) == 2
     assert (tmp_path / "scaling" / "scaling.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.slow
+def test_the_tutorials_model_parallel_flags_train_like_the_serial_run(tiny_era5, tmp_path):
+    from dlscale.cli import main
+
+    run = ["train", "--config", "tiny", "--set", f"data.root={tiny_era5}", "--progress", "none"]
+    run += ["--num_epochs", "1", "--set", "log.tensorboard=false"]
+    assert main([*run, "--expdir", str(tmp_path / "serial")]) == 0
+    flags = ["--tensor_parallel", "2", "--context_parallel", "2", "--parallel_order", "cp-tp-dp"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launched = subprocess.run(
+        torchrun(*run, *flags, "--expdir", str(tmp_path / "mp"), ranks=4),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    log = launched.stdout + launched.stderr
+    assert launched.returncode == 0, log
+    assert "Parallel layout: dp=1 x tp=2 x cp=2 (order cp-tp-dp), 4 rank(s)" in log
+    assert "cp groups: {0,1} {2,3}" in log and "tp groups: {0,2} {1,3}" in log
+    serial, parallel = (
+        load_checkpoint(tmp_path / d / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")
+        for d in ("serial", "mp")
+    )
+    for key in ("train_loss", "val_loss"):
+        assert parallel["progress"]["history"][0][key] == pytest.approx(
+            serial["progress"]["history"][0][key], rel=1e-5
+        )
+    for name, value in serial["model"].items():
+        assert parallel["model"][name].shape == value.shape, name  # saved in the serial model's shapes

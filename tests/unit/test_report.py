@@ -98,7 +98,7 @@ def test_prediction_figure_has_a_panel_per_field_and_renders(tmp_path):
 def test_loss_curves_plot_train_validation_and_the_baseline():
     history = [
         {"global_step": 10 * i, "train_loss": 1.0 / i, "val_loss": 1.1 / i, "headline": "RMSE(u10m)",
-         "headline_value": 0.5 / i, "baseline_loss": 0.3, "baseline_headline": 0.32}
+         "headline_value": 0.5 / i, "baseline": "persistence", "baseline_loss": 0.3, "baseline_headline": 0.32}
         for i in (1, 2, 3)
     ]  # fmt: skip
     figure = loss_curve_figure(history)
@@ -117,3 +117,15 @@ def test_mean_throughput_leaves_out_the_warm_up_epoch():
     assert mean_throughput(rows) == 45.0
     assert mean_throughput(rows[:1]) == 10.0
     assert mean_throughput([{"samples_per_second": 0.0}]) is None
+
+
+def test_final_line_names_the_workloads_baseline_and_leaves_out_what_it_lacks():
+    from dlscale.report.summary import final_line
+
+    era5 = {"val_loss": 0.0743, "headline": "RMSE(u10m)", "headline_value": 0.0702, "baseline": "persistence",
+            "baseline_loss": 0.3195, "baseline_headline": 0.321}  # fmt: skip
+    assert final_line(era5) == "loss 0.0743, RMSE(u10m) 0.0702; persistence: loss 0.3195, RMSE(u10m) 0.3210"
+    classifier = {"val_loss": 0.25, "headline": "accuracy", "headline_value": 0.91, "baseline": "majority class",
+                  "baseline_loss": None, "baseline_headline": 0.11}  # fmt: skip
+    assert final_line(classifier) == "loss 0.2500, accuracy 0.9100; majority class: accuracy 0.1100"
+    assert final_line({**classifier, "baseline": None}) == "loss 0.2500, accuracy 0.9100"

@@ -198,3 +198,17 @@ def test_fused_optimizer_steps_on_cpu(name: str) -> None:
     assert any(not torch.equal(a, b) for a, b in zip(fused, params(), strict=True)), "fused step did nothing"
     for a, b in zip(fused, plain, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_step_schedule_multiplies_by_gamma_every_step_size_steps_like_torch_steplr():
+    import torch
+
+    schedule = LRSchedule(1.0, total_steps=40, kind="step", step_size=10, gamma=0.7)
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=1.0)
+    reference = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.7)
+    for step in range(40):
+        assert schedule.lr_at(step) == pytest.approx(optimizer.param_groups[0]["lr"], rel=1e-12), step
+        optimizer.step()
+        reference.step()
+    assert LRSchedule(**schedule.state_dict()) == schedule

@@ -48,3 +48,15 @@ def test_gradient_clipping_bounds_the_update():
         if clip is not None:
             assert updates[clip] <= lr * clip * (1 + 1e-4)
     assert updates[None] > 10 * updates[1e-3]
+
+
+def test_adadelta_is_built_with_its_own_settings_and_refuses_fused():
+    from dlscale.errors import InvalidValue
+    from dlscale.train.optim import OptimConfig, build_optimizer
+
+    optimizer = build_optimizer(
+        OptimConfig(optimizer="Adadelta", lr=1.0, rho=0.8), [torch.nn.Parameter(torch.ones(2))], 1.0
+    )
+    assert isinstance(optimizer, torch.optim.Adadelta) and optimizer.param_groups[0]["rho"] == 0.8
+    with pytest.raises(InvalidValue, match="Adadelta has no fused"):
+        OptimConfig(optimizer="Adadelta", enable_fused=True)

@@ -48,9 +48,10 @@ def loss_curve_figure(history: Sequence[dict[str, Any]], title: str = "") -> Fig
     loss_axis = figure.add_subplot(1, 2, 1)
     loss_axis.plot(steps, [row["train_loss"] for row in history], "o-", label="train loss")
     loss_axis.plot(steps, [row["val_loss"] for row in history], "s-", label="validation loss")
+    baseline = (history[-1].get("baseline") or "baseline") if history else "baseline"
     if history and history[-1].get("baseline_loss") is not None:
         loss_axis.axhline(
-            history[-1]["baseline_loss"], color="gray", ls="--", label="persistence (validation)"
+            history[-1]["baseline_loss"], color="gray", ls="--", label=f"{baseline} (validation)"
         )
     loss_axis.set_xlabel("optimizer step")
     loss_axis.set_ylabel("loss")
@@ -60,7 +61,7 @@ def loss_curve_figure(history: Sequence[dict[str, Any]], title: str = "") -> Fig
         name = history[-1]["headline"]
         metric_axis.plot(steps, [row["headline_value"] for row in history], "s-", color="C2", label=name)
         if history[-1].get("baseline_headline") is not None:
-            metric_axis.axhline(history[-1]["baseline_headline"], color="gray", ls="--", label="persistence")
+            metric_axis.axhline(history[-1]["baseline_headline"], color="gray", ls="--", label=baseline)
         metric_axis.set_ylabel(name)
         metric_axis.legend(fontsize=8)
     metric_axis.set_xlabel("optimizer step")

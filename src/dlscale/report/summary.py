@@ -61,16 +61,7 @@ class RunSummary(Observer):
                 next_step,
             )
         if final:
-            headline = final["headline"]
-            log.info(
-                "Final validation: loss %.4f, %s %.4f; persistence: loss %.4f, %s %.4f",
-                final["val_loss"],
-                headline,
-                final["headline_value"],
-                final["baseline_loss"],
-                headline,
-                final["baseline_headline"],
-            )
+            log.info("Final validation: %s", final_line(final))
         if summary["throughput_samples_per_second"]:
             log.info("Training throughput: %.4g samples/s", summary["throughput_samples_per_second"])
         log.info("Outputs of this run:")
@@ -113,7 +104,7 @@ class RunSummary(Observer):
                 "val_loss": last["val_loss"],
                 "headline": last["headline"],
                 "headline_value": last["headline_value"],
-                "baseline": "persistence",
+                "baseline": last.get("baseline"),
                 "baseline_loss": last["baseline_loss"],
                 "baseline_headline": last["baseline_headline"],
             }
@@ -140,3 +131,18 @@ class RunSummary(Observer):
             "history": p.history,
             "figures": [str(f) for f in figures],
         }
+
+
+def final_line(final: dict[str, Any]) -> str:
+    """'loss 0.0743, RMSE(u10m) 0.0702; persistence: loss 0.3195, RMSE(u10m) 0.3210' (the baseline's part only
+    with what the workload's baseline has)."""
+    headline = final["headline"]
+    line = f"loss {final['val_loss']:.4f}, {headline} {final['headline_value']:.4f}"
+    baseline = [
+        f"{name} {final[key]:.4f}"
+        for name, key in (("loss", "baseline_loss"), (headline, "baseline_headline"))
+        if final.get(key) is not None
+    ]
+    if final.get("baseline") and baseline:
+        line += f"; {final['baseline']}: {', '.join(baseline)}"
+    return line

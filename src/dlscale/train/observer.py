@@ -45,6 +45,7 @@ class EpochReport:
             "val_loss": validation.loss,
             "headline": validation.headline,
             "headline_value": validation.scalars[validation.headline],
+            "baseline": validation.baseline_name,
             "baseline_loss": validation.baseline_scalars.get("loss"),
             "baseline_headline": validation.baseline_scalars.get(validation.headline),
             "train_seconds": self.train_seconds,

@@ -15,14 +15,17 @@ from dlscale.errors import InvalidValue
 class OptimConfig:
     """Optimizer and learning-rate recipe."""
 
-    optimizer: Literal["Adam", "AdamW", "SGD"] = "Adam"
+    optimizer: Literal["Adam", "AdamW", "SGD", "Adadelta"] = "Adam"
     lr: float = 5e-4  # peak LR at base_batch_size (see lr_scaling)
     betas: tuple[float, float] = (0.9, 0.95)  # Adam/AdamW moment decay rates
     eps: float = 1e-8  # Adam/AdamW denominator guard
     weight_decay: float = 0.0
     momentum: float = 0.9  # SGD only
+    rho: float = 0.9  # Adadelta only: decay rate of its running averages
     enable_fused: bool = False  # fused (single-kernel) optimizer step; Adam, AdamW and SGD
-    lr_schedule: Literal["cosine", "constant"] = "cosine"  # after the warm-up
+    lr_schedule: Literal["cosine", "constant", "step"] = "cosine"  # after the warm-up
+    lr_step_epochs: int = 1  # step schedule: epochs between two multiplications of the LR by lr_gamma
+    lr_gamma: float = 0.1  # step schedule: the factor (torch's StepLR)
     warmup: int = 0  # linear warm-up steps
     end_lr: float = 0.0  # LR reached at the last step by the cosine decay
     lr_scaling: Literal["none", "sqrt", "linear"] = "none"  # rule that scales lr from base_batch_size
@@ -37,6 +40,14 @@ class OptimConfig:
         for name in ("eps", "weight_decay", "momentum", "end_lr"):
             if getattr(self, name) < 0:
                 raise InvalidValue(name, f"must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.rho < 1.0:
+            raise InvalidValue("rho", f"must be in [0, 1), got {self.rho}")
+        if self.lr_step_epochs < 1:
+            raise InvalidValue("lr_step_epochs", f"must be >= 1, got {self.lr_step_epochs}")
+        if not 0.0 < self.lr_gamma <= 1.0:
+            raise InvalidValue("lr_gamma", f"must be in (0, 1], got {self.lr_gamma}")
+        if self.enable_fused and self.optimizer == "Adadelta":
+            raise InvalidValue("enable_fused", "Adadelta has no fused implementation; switch it off")
         if self.warmup < 0:
             raise InvalidValue("warmup", f"must be >= 0 steps, got {self.warmup}")
         if self.end_lr > self.lr:
@@ -62,8 +73,10 @@ def build_optimizer(
     params = list(parameters)
     fused = {"fused": True} if cfg.enable_fused else {}
     if capturable:
-        if cfg.optimizer == "SGD":
-            raise ValueError("SGD has no capturable implementation; its update runs outside the CUDA graph")
+        if cfg.optimizer in ("SGD", "Adadelta"):
+            raise ValueError(
+                f"{cfg.optimizer} has no capturable implementation here; its update runs outside the CUDA graph"
+            )
         fused["capturable"] = True
     if cfg.optimizer == "Adam":
         return torch.optim.Adam(
@@ -73,4 +86,6 @@ def build_optimizer(
         return torch.optim.AdamW(
             params, lr=lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **fused
         )
+    if cfg.optimizer == "Adadelta":
+        return torch.optim.Adadelta(params, lr=lr, rho=cfg.rho, eps=cfg.eps, weight_decay=cfg.weight_decay)
     return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **fused)

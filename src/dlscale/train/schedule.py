@@ -30,7 +30,8 @@ def scaled_lr(lr: float, rule: str, global_batch_size: int, base_batch_size: int
 class LRSchedule:
     """Linear warm-up for ``warmup`` steps, then cosine decay from ``peak_lr`` to ``end_lr`` at ``total_steps``.
 
-    With ``kind="constant"`` the LR stays at ``peak_lr`` after the warm-up. Warm-up step ``s`` (0-based) uses
+    With ``kind="constant"`` the LR stays at ``peak_lr`` after the warm-up; with ``kind="step"`` (torch's StepLR,
+    the MNIST tutorial's schedule) it is multiplied by ``gamma`` every ``step_size`` steps. Warm-up step ``s`` (0-based) uses
     ``peak_lr * (s + 1) / warmup``, so the first step already trains. The cosine spans the steps that are
     actually trained: it reaches ``end_lr`` at step ``total_steps``, right after the last trained step (as torch's
     CosineAnnealingLR with T_max = total steps, so no step is wasted at LR end_lr). The reference used
@@ -42,10 +43,14 @@ class LRSchedule:
     warmup: int = 0
     end_lr: float = 0.0
     kind: str = "cosine"
+    step_size: int = 1  # kind "step": steps between two multiplications by gamma
+    gamma: float = 1.0  # kind "step": the factor
 
     def __post_init__(self) -> None:
-        if self.kind not in ("cosine", "constant"):
-            raise ValueError(f"unknown LR schedule {self.kind!r} (cosine or constant)")
+        if self.kind not in ("cosine", "constant", "step"):
+            raise ValueError(f"unknown LR schedule {self.kind!r} (cosine, constant or step)")
+        if self.step_size < 1:
+            raise ValueError(f"step_size must be >= 1, got {self.step_size}")
 
     def lr_at(self, step: int) -> float:
         """The LR used by optimizer step ``step`` (0-based)."""
@@ -53,19 +58,24 @@ class LRSchedule:
             return self.peak_lr * (step + 1) / self.warmup
         if self.kind == "constant":
             return self.peak_lr
+        if self.kind == "step":
+            return self.peak_lr * self.gamma ** ((step - self.warmup) // self.step_size)
         decay_steps = max(1, self.total_steps - self.warmup)
         progress = min(1.0, (step - self.warmup) / decay_steps)
         return self.end_lr + 0.5 * (self.peak_lr - self.end_lr) * (1.0 + math.cos(math.pi * progress))
 
     def state_dict(self) -> dict[str, float | int | str]:
         """The schedule's parameters (saved with checkpoints, so a resumed run can say what changed)."""
-        return {
+        state: dict[str, float | int | str] = {
             "peak_lr": self.peak_lr,
             "total_steps": self.total_steps,
             "warmup": self.warmup,
             "end_lr": self.end_lr,
             "kind": self.kind,
         }
+        if self.kind == "step":  # only then do they matter (and older checkpoints compare equal)
+            state.update(step_size=self.step_size, gamma=self.gamma)
+        return state
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ layout (ranks, device). It also continues from a checkpoint when there is one to
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,9 +98,10 @@ def build_training(
     checkpoints = CheckpointDir(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
     # Fails early, before reading any data.
     resume_from = resume_source(cfg.checkpoint, checkpoints) if resume else None
-    mesh = create_mesh(
-        cfg.parallel, process
-    )  # before any data is read: a layout that does not fit fails fast
+    with errors_naming_the_config(cfg):
+        mesh = create_mesh(
+            cfg.parallel, process
+        )  # before any data is read: a layout that cannot work fails fast
     seed_everything(cfg.train.seed)
 
     datasets = workload.build_datasets(cfg.data)
@@ -110,7 +113,8 @@ def build_training(
         raise ConfigError(f"{cfg.source} [config {cfg.name!r}]: {exc}") from None
 
     model = workload.build_model(cfg.model, cfg.data).to(device.torch)
-    model = parallelize(model, workload, mesh)  # this rank's part of it (tp/cp), from outside the model
+    with errors_naming_the_config(cfg):
+        model = parallelize(model, workload, mesh)  # this rank's part of it (tp/cp), from outside the model
     # DDP across the ranks holding the same parameters, FSDP2 (which shards the parameters first, so it comes
     # before the optimizer), or the model itself.
     replica = wrap_data_parallel(model, cfg.parallel, process, device, mesh)
@@ -120,7 +124,13 @@ def build_training(
     capturable = graphed and optimizer_is_capturable(cfg.optim.optimizer, cfg.train.amp_mode)
     optimizer = build_optimizer(cfg.optim, model.parameters(), peak_lr, capturable=capturable)
     schedule = LRSchedule(
-        peak_lr, plan.total_steps, cfg.optim.warmup, cfg.optim.end_lr, cfg.optim.lr_schedule
+        peak_lr,
+        plan.total_steps,
+        cfg.optim.warmup,
+        cfg.optim.end_lr,
+        cfg.optim.lr_schedule,
+        step_size=cfg.optim.lr_step_epochs * plan.steps_per_epoch,
+        gamma=cfg.optim.lr_gamma,
     )
     precision = Precision(cfg.train.amp_mode, device)
     forward = compile_model(replica, cfg.train.compile_mode) if cfg.train.enable_jit else replica
@@ -179,6 +189,15 @@ def build_training(
         setup.progress = restore_training(setup, resume_from)  # restores the RNG last, right before training
         setup.resumed_from = resume_from
     return setup
+
+
+@contextlib.contextmanager
+def errors_naming_the_config(cfg: RunConfig) -> Iterator[None]:
+    """Prefix a ConfigError raised inside with the config file and name, which the raising component does not know."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(f"{cfg.source} [config {cfg.name!r}]: {exc}") from None
 
 
 def measure_utilization(

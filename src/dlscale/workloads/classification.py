@@ -1,0 +1,61 @@
+"""Validation metrics shared by the classification workloads (MNIST, CIFAR): loss and top-1 accuracy.
+
+The baseline every classifier must beat is chance (1 / classes) and, stricter on an unbalanced validation set,
+always answering the most frequent class; both are reported next to the model's accuracy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from dlscale.train.evaluate import EvalSummary
+from dlscale.train.metrics import MetricSums
+
+# (logits or log-probabilities (B, classes), labels (B,)) -> per-sample losses (B,)
+PerSampleLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ClassificationEvaluator:
+    """Per-sample loss and top-1 accuracy, plus the class histogram for the majority-class baseline."""
+
+    def __init__(self, num_classes: int, per_sample_loss: PerSampleLoss):
+        self.num_classes = num_classes
+        self.per_sample_loss = per_sample_loss
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums = MetricSums().declare(loss=(), correct=(), labels=(self.num_classes,))
+
+    def reduce_across_ranks(self, sum_: Callable[[torch.Tensor], None], device: torch.device) -> None:
+        """Sum over data-parallel ranks (each evaluated its own share of the samples)."""
+        self.sums.sum_across_ranks(sum_, device)
+
+    def update(self, inputs: torch.Tensor, targets: torch.Tensor, predictions: torch.Tensor) -> None:
+        labels = targets.long()
+        self.sums.add(
+            inputs.shape[0],
+            loss=self.per_sample_loss(predictions.float(), labels),
+            correct=(predictions.argmax(dim=1) == labels).double(),
+            labels=torch.nn.functional.one_hot(labels, self.num_classes).double(),
+        )
+
+    def summary(self) -> EvalSummary:
+        accuracy = float(self.sums.mean("correct"))
+        count = self.sums.count
+        majority = float(self.sums.mean("labels").max())
+        chance = 1.0 / self.num_classes
+        line = (
+            f"  Val accuracy={accuracy:.2%} ({round(accuracy * count)}/{count}); "
+            f"chance {chance:.2%}, always the most frequent class {majority:.2%}"
+        )
+        return EvalSummary(
+            loss=float(self.sums.mean("loss")),
+            scalars={"accuracy": accuracy},
+            headline="accuracy",
+            lines=[line],
+            baseline_name="majority class",
+            baseline_scalars={"accuracy": majority},
+            samples=count,
+        )
