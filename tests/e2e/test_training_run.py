@@ -210,6 +210,19 @@ def test_resuming_into_an_incompatible_run_fails_clearly(tiny_config, change, me
         train(tiny_config(change))
 
 
+def test_a_checkpoint_of_another_workload_is_not_resumed(tiny_config):
+    from dlscale.train.checkpoint import load_checkpoint, save_checkpoint
+
+    cfg = tiny_config()
+    train(cfg, extra_observers=[StopAtStep(3)])
+    latest = run_dir(cfg) / "checkpoints" / "ckpt_latest.pt"
+    payload = load_checkpoint(latest)
+    payload["meta"]["workload"] = "cnn_mnist"  # as if an MNIST config of the same name had run here
+    save_checkpoint(payload, latest)
+    with pytest.raises(CheckpointError, match="written by a 'cnn_mnist' run.*trains 'era5_vit'.*--run_num"):
+        train(cfg)
+
+
 def test_resume_from_an_explicit_checkpoint_path(tiny_config, tmp_path):
     first = tiny_config(expdir=tmp_path / "first")
     train(first, extra_observers=[StopAtStep(5)])

@@ -3,7 +3,9 @@ the tensors autograd really saves (serial model, emulated tp / cp ranks), and ho
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from dlscale.commands.plan import describe_requested
 from dlscale.config import load_run_config
 from dlscale.errors import InvalidValue
 from dlscale.models.vit import Attention, VisionTransformer, ViTConfig, count_parameters
-from dlscale.perf.memory_plan import (
+from dlscale.perf.layout_cost import (
     GIB,
     Layout,
     ModelShape,
@@ -23,14 +25,11 @@ from dlscale.perf.memory_plan import (
     enumerate_layouts,
     estimate_activation_bytes,
     estimate_communication,
-    estimate_layout,
     estimate_memory,
     layout_problems,
     local_parameter_shapes,
-    model_shape_of,
-    plan,
-    tutorial_comparisons,
 )
+from dlscale.perf.memory_plan import estimate_layout, model_shape_of, plan, tutorial_comparisons
 from dlscale.perf.saved_tensors import measure_saved_activation_bytes, measure_saved_tensor_bytes
 from dlscale.train.metrics import relative_l2_loss
 
@@ -252,6 +251,28 @@ def test_parameters_are_not_activations_and_autocast_copies_are_told_apart():
     bf16 = measure_saved_tensor_bytes(linear, x, autocast_dtype=torch.bfloat16)
     # autocast saves its bf16 casts: the input's is an activation (made from an input), the weight's a copy
     assert (bf16.activations, bf16.parameters, bf16.parameter_copies) == (5 * 16 * 2, 0, 8 * 16 * 2)
+
+
+class KeepsItsOutput(nn.Module):
+    """exp, whose backward saves its own output, with a weak reference to that output kept aside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs: list[weakref.ref] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.exp()
+        self.outputs.append(weakref.ref(y))
+        return y
+
+
+def test_measuring_what_autograd_saves_does_not_keep_the_graph_alive():
+    # A pack hook that returns a saved output itself ties it to its own grad_fn through C++, a cycle the
+    # garbage collector cannot break: the forward's saved tensors then stayed allocated for good.
+    model = KeepsItsOutput()
+    measure_saved_tensor_bytes(model, torch.randn(4, 3, requires_grad=True), lambda y: y.sum())
+    gc.collect()
+    assert model.outputs[0]() is None
 
 
 # ---- activation formula vs measurement ---------------------------------------------------------------------

@@ -3,8 +3,8 @@
     dlscale plan --yaml_config configs/vit_era5.yaml --config mp --gpus 4 --gpu_memory_gb 80 \
         [--set key=value] [--json plan.json]
 
-Every layout with dp * tp * cp == GPUs is estimated (see :mod:`dlscale.perf.memory_plan` for the formulas and
-how they compare with measurements): those that fit come first, least traffic per step first, then those that
+Every layout with dp * tp * cp == GPUs is estimated (the formulas are in :mod:`dlscale.perf.layout_cost`, how
+they compare with measurements in :mod:`dlscale.perf.memory_plan` and benchmarks/plan_vs_measured.py): those that fit come first, least traffic per step first, then those that
 do not fit, then those the model cannot be split into, each with its reason. Nothing runs on a GPU.
 """
 
@@ -19,18 +19,8 @@ from typing import Any
 
 from dlscale.config import load_run_config
 from dlscale.errors import InvalidValue
-from dlscale.perf.memory_plan import (
-    GIB,
-    Layout,
-    LayoutEstimate,
-    ModelShape,
-    Plan,
-    TrainingSettings,
-    count_parameters_per_gpu,
-    model_shape_of,
-    plan,
-    tutorial_comparisons,
-)
+from dlscale.perf.layout_cost import GIB, Layout, ModelShape, TrainingSettings, count_parameters_per_gpu
+from dlscale.perf.memory_plan import LayoutEstimate, Plan, model_shape_of, plan, tutorial_comparisons
 from dlscale.runtime.atomic_files import write_text_atomically
 
 DEFAULT_GPU_MEMORY_GB = 80.0

@@ -1,4 +1,4 @@
-"""What autograd saves for backward, measured: the ground truth that :mod:`dlscale.perf.memory_plan`'s
+"""What autograd saves for backward, measured: the ground truth that :mod:`dlscale.perf.layout_cost`'s
 activation formula is checked against (on the CPU, serial and on forked parallel ranks)."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def measure_saved_tensor_bytes(
         key = _storage_key(local)
         nbytes = local.untyped_storage().nbytes()
         if key in seen or nbytes == 0:
-            return tensor
+            return tensor.detach()
         seen.add(key)
         leaf = _source_leaf(local)
         if key in parameter_keys:
@@ -87,7 +87,11 @@ def measure_saved_tensor_bytes(
         else:
             kind = "activations"
         totals[kind] += nbytes
-        return tensor
+        # Not the tensor itself: a saved output would then hold its own grad_fn, a reference cycle through
+        # C++ that the garbage collector cannot break, and since backward never runs to release it, the whole
+        # forward's saved tensors would stay allocated for the rest of the process. The detached alias keeps
+        # the same storage alive only as long as the graph.
+        return tensor.detach()
 
     if autocast_dtype is None:
         autocast = contextlib.nullcontext()

@@ -134,6 +134,12 @@ def restore_training(setup: TrainingSetup, path: Path) -> TrainProgress:
     for entry in ("model", "optimizer", "progress", "rng", "meta"):
         if entry not in payload:
             raise CheckpointError(f"{source}: has no {entry!r} entry; it cannot resume a training run")
+    saved_workload = payload["meta"].get("workload")
+    if saved_workload is not None and saved_workload != setup.config.workload:
+        raise CheckpointError(
+            f"{source}: was written by a {saved_workload!r} run, and this run trains {setup.config.workload!r} "
+            "(two configs of the same name share a run directory); use another --run_num or --expdir"
+        )
     saved_batch = payload["meta"].get("global_batch_size")
     if saved_batch != setup.global_batch_size:
         raise CheckpointError(

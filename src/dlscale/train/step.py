@@ -76,6 +76,9 @@ class TrainStep:
             with self.precision.autocast():
                 predictions = self.forward(inputs)
             loss = self.loss_fn(predictions.float(), targets)
+            # Autograd keeps what backward needs; holding the output here too would keep one more full-size
+            # output tensor alive through backward, at the step's memory peak.
+            del predictions
         with self.markers.range("backward"):
             self.precision.backward(loss)
         return loss
