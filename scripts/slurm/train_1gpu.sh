@@ -29,8 +29,10 @@ PROFILE=${PROFILE:-0}                              # 1: record the capture windo
 # A profiling run gets its own run directory: in an existing one dlscale would resume from the checkpoint,
 # possibly past the capture window.
 if [[ "$PROFILE" == 1 ]]; then RUN_NUM=${RUN_NUM:-profile}; else RUN_NUM=${RUN_NUM:-00}; fi
-# Where the data set lives (the shipped configs read data.root from it).
-export DLSCALE_ERA5_DATA=${DLSCALE_ERA5_DATA:-${SCRATCH:?set DLSCALE_ERA5_DATA (or SCRATCH)}/sc23_data}
+# Where the data sets live: the shipped configs read data.root from DLSCALE_ERA5_DATA (vit_era5.yaml),
+# DLSCALE_COSMO_DATA (unet_cosmo.yaml), DLSCALE_MNIST_DATA (cnn_mnist.yaml) or DLSCALE_CIFAR_DATA
+# (resnet_cifar.yaml); export the one of your workload. The ERA5 default is the tutorial's download on $SCRATCH.
+if [[ -n "${SCRATCH:-}" ]]; then export DLSCALE_ERA5_DATA=${DLSCALE_ERA5_DATA:-$SCRATCH/sc23_data}; fi
 # HDF5's file locks fail or serialise reads on parallel file systems (Lustre); the data is only read.
 export HDF5_USE_FILE_LOCKING=FALSE
 # Make `dlscale` available here, e.g.:

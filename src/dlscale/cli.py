@@ -95,8 +95,8 @@ def add_tutorial_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--data_loader_config",
-        choices=["pytorch", "gpu", "dali"],
-        help="data pipeline: pytorch DataLoader, or dlscale's threaded gpu pipeline (dali is an alias of gpu)",
+        choices=["pytorch", "gpu", "dali", "dali-lowmem"],
+        help="data pipeline: pytorch DataLoader, or dlscale's threaded gpu pipeline (dali and dali-lowmem are aliases of gpu)",
     )
     group.add_argument("--tf32", choices=["on", "off"], help="TF32 tensor cores for fp32 math (train.tf32)")
     for flag, help_text in TUTORIAL_SWITCHES.items():
@@ -159,6 +159,19 @@ def build_parser() -> argparse.ArgumentParser:
     era5.add_argument(
         "--if-missing", action="store_true", help="do nothing if OUT already holds this data set"
     )
+
+    for name, what in (
+        ("synth-cosmo", "dark-matter -> gas volumes in the sc21 U-Net tutorial's HDF5 layout (Nbody, Hydro)"),
+        ("synth-mnist", "digit-like images in MNIST's idx format"),
+        ("synth-cifar", "100-class images in CIFAR-100's binary format"),
+    ):
+        generator = generators.add_parser(name, help=what)
+        generator.add_argument("--out", required=True, help="output directory")
+        generator.add_argument("--preset", default="demo", help="tiny | demo | full (default demo)")
+        generator.add_argument("--seed", type=int, help="seed of the synthetic data (default: the preset's)")
+        generator.add_argument(
+            "--if-missing", action="store_true", help="do nothing if OUT already holds this data set"
+        )
 
     config = commands.add_parser("config", help="print a resolved config, or every key with --keys")
     add_config_arguments(config)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,9 +28,7 @@ from dlscale.perf.monitor_config import MonitorConfig
 from dlscale.perf.monitor_observer import MetricsCsv, MonitorObserver, gather_across_ranks, write_tensorboard
 from dlscale.report.run_dir import LogConfig
 from dlscale.runtime.gpu_metrics import GpuReading, HostReading
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-from forked_ranks import run_ranks  # noqa: E402
+from dlscale.runtime.local_ranks import run_ranks
 
 HOST = HostReading(cpu_pct=25.0, memory_used_gb=4.0, memory_total_gb=16.0)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import time
 from pathlib import Path
@@ -13,8 +14,23 @@ from dlscale.report.run_dir import setup_logging
 log = logging.getLogger("dlscale.data")
 
 
+# The generators of the other workloads: each module has
+# ``generate(out: Path, preset: str, seed: int | None, if_missing: bool, progress) -> Path``.
+GENERATORS = {
+    "synth-cosmo": "dlscale.data.synth_cosmo",
+    "synth-mnist": "dlscale.data.synth_mnist",
+    "synth-cifar": "dlscale.data.synth_cifar",
+}
+
+
 def run_data(args: argparse.Namespace) -> int:
     setup_logging(None)
+    if args.generator in GENERATORS:
+        started = time.perf_counter()
+        module = importlib.import_module(GENERATORS[args.generator])
+        out = module.generate(Path(args.out), args.preset, args.seed, args.if_missing, progress=log.info)
+        log.info("%s: %s ready in %.1f s", args.generator, out, time.perf_counter() - started)
+        return 0
     out = Path(args.out)
     spec = spec_from_preset(
         args.preset,

@@ -11,8 +11,9 @@ Threads and streams:
 * Batch k is read into ring slot ``k % prefetch_depth``; every sample is one task for a pool of reader threads,
   so the samples of one batch are read in parallel, and up to ``prefetch_depth`` batches are read ahead.
 * The consumer's thread waits for batch k to be complete, queues its copy to the device and its normalization
-  on the side stream, then hands slot k's reads of batch ``k + prefetch_depth`` to the readers. Those first
-  wait on the copy's event: a slot is never overwritten while its copy is in flight.
+  (or another device transform of the data set's, which may also get the batch's sample keys) on the side
+  stream, then hands slot k's reads of batch ``k + prefetch_depth`` to the readers. Those first wait on the
+  copy's event: a slot is never overwritten while its copy is in flight.
 * When batch k+1 is already read, its copy is queued before batch k is returned, so it overlaps the compute of
   batch k even when the training loop synchronizes every step. The compute stream (not the host) waits for a
   batch's copy when the consumer receives it.
@@ -29,6 +30,7 @@ compute rather than with each other; for read-bound runs the pytorch loader's wo
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import weakref
@@ -221,8 +223,11 @@ class _Pass(Iterator[tuple[torch.Tensor, torch.Tensor]]):
         self._readers.wait_for(batch_number)
         slot = self._slots[batch_number % len(self._slots)]
         size = len(self._batches[batch_number])
+        finish = self._normalizer
+        if finish is not None and getattr(finish, "needs_sample_keys", False):
+            finish = functools.partial(finish, keys=self._batches[batch_number])  # per-sample device work
         transfer = self._copy_stream.to_device(
-            (slot.inputs[:size], slot.targets[:size]), finish=self._normalizer, host_memory_reused=True
+            (slot.inputs[:size], slot.targets[:size]), finish=finish, host_memory_reused=True
         )
         slot.last_copy = transfer.fence
         later = batch_number + len(self._slots)

@@ -22,7 +22,8 @@ class LoaderConfig:
     )
     persistent_workers: bool = True  # keep workers alive between epochs (only with workers > 0)
     prefetch_factor: int | None = None  # batches each worker reads ahead; null = torch's default (2)
-    data_loader_config: Literal["pytorch", "gpu", "dali"] = "pytorch"  # pipeline; dali = dlscale's gpu one
+    # pipeline; dali (and the U-Net tutorial's dali-lowmem) = dlscale's gpu one
+    data_loader_config: Literal["pytorch", "gpu", "dali", "dali-lowmem"] = "pytorch"
     prefetch_depth: int = 2  # gpu pipeline: batches read and copied ahead of the one being trained on
     device_prefetch: bool = True  # pytorch pipeline: copy the next batch to the GPU while this one computes
     shuffle: bool = True  # shuffle the training samples each epoch (validation is read in order)
@@ -38,7 +39,7 @@ class LoaderConfig:
     @property
     def pipeline(self) -> str:
         """The pipeline to build: "pytorch" or "gpu" ("dali" names the role dlscale's gpu pipeline plays)."""
-        return "gpu" if self.data_loader_config in ("gpu", "dali") else "pytorch"
+        return "gpu" if self.data_loader_config in ("gpu", "dali", "dali-lowmem") else "pytorch"
 
 
 def _seed_worker(worker_id: int) -> None:

@@ -1,5 +1,5 @@
 """Normalization that a data pipeline can move onto the device: the protocol a data set implements, and the
-per-channel normalizer of gridded fields.
+per-channel normalizer of gridded fields. Also the keys of data sets whose samples change every epoch.
 
 The data set stays the one definition of its samples: the device path must reproduce them exactly (bitwise on
 the CPU), which the gpu pipeline's tests check against the pytorch loader.
@@ -7,15 +7,45 @@ the CPU), which the gpu pipeline's tests check against the pytorch loader.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 
+class EpochIndex(NamedTuple):
+    """The key of sample ``index`` read in epoch ``epoch``, for data sets whose samples change every epoch.
+
+    A data set with ``samples_depend_on_epoch = True`` (random crops, augmentation) is indexed with these
+    instead of plain indices by both pipelines (see :func:`dlscale.data.pipeline.build_batch_source`), so its
+    randomness can be a function of (seed, epoch, index): independent of workers, threads, ranks and resumes,
+    which a data set told the epoch by a call could not be (persistent workers never hear of it).
+    """
+
+    epoch: int
+    index: int
+
+
+def split_key(key: EpochIndex | int) -> tuple[int, int]:
+    """(epoch, index) of a sample key; a plain index is read as epoch 0."""
+    if isinstance(key, tuple):
+        return int(key[0]), int(key[1])
+    return 0, int(key)
+
+
+def samples_depend_on_epoch(dataset: Any) -> bool:
+    """Whether ``dataset`` wants :class:`EpochIndex` keys (its attribute ``samples_depend_on_epoch`` is true)."""
+    return getattr(dataset, "samples_depend_on_epoch", False) is True
+
+
 class BatchNormalizer(Protocol):
-    """Turns a batch of raw (inputs, targets) device tensors into what the data set's ``__getitem__`` gives."""
+    """Turns a batch of raw (inputs, targets) device tensors into what the data set's ``__getitem__`` gives.
+
+    A normalizer whose attribute ``needs_sample_keys`` is true is called as ``normalizer(inputs, targets,
+    keys=keys)`` with the keys the batch's samples were read with (indices or :class:`EpochIndex`), for work
+    that differs per sample (a random rotation); it may return new tensors, of other shapes than the raw ones.
+    """
 
     def to(self, device: torch.device) -> BatchNormalizer:
         """This normalizer with its statistics on ``device``."""
@@ -34,7 +64,9 @@ class SupportsDeviceNormalization(Protocol):
     samples are not normalized, and ``normalizer(inputs, targets)`` applied to stacked batches of ``raw``'s
     samples gives exactly the stacked samples of the data set itself. ``normalizer`` is None when the data
     set does not normalize (``raw`` is then read as it is). Data sets without the method are read through
-    their own ``__getitem__``, normalized on the host by the reader threads.
+    their own ``__getitem__``, normalized on the host by the reader threads. More generally the "normalizer"
+    is any device-side batch transform: with ``needs_sample_keys`` it also gets the batch's keys, so ``raw``
+    may hand over partial samples (unrotated crops) or none at all (volumes kept on the device).
     """
 
     def device_normalization(self) -> tuple[Dataset, BatchNormalizer | None]: ...

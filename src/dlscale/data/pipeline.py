@@ -17,22 +17,42 @@
     ``device_prefetch`` do not apply (threads start per pass; device prefetching is built in).
 
 Both deliver identical batches for the same sampler and batch size (bitwise on the CPU), on the device.
+
+A data set whose samples change every epoch (``samples_depend_on_epoch``, e.g. random crops) is read with
+:class:`~dlscale.data.normalization.EpochIndex` keys, (the sampler's epoch, index), by both pipelines.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dlscale.data.gpu_pipeline import GpuPipeline
 from dlscale.data.loader import LoaderConfig, build_loader
+from dlscale.data.normalization import EpochIndex, samples_depend_on_epoch
 from dlscale.data.prefetch import DevicePrefetcher
 from dlscale.runtime.device import Device
 
 logger = logging.getLogger("dlscale.data")
 
 BatchSource = DataLoader | DevicePrefetcher | GpuPipeline
+
+
+class EpochKeyedSampler(Sampler[EpochIndex]):
+    """``sampler``'s indices as (epoch, index) keys, the epoch read from ``sampler.epoch`` when a pass starts
+    (0 for samplers without epochs), so a ``set_epoch`` on the wrapped sampler applies to the next pass."""
+
+    def __init__(self, sampler: Sampler[int]):
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[EpochIndex]:
+        epoch = int(getattr(self.sampler, "epoch", 0))
+        return (EpochIndex(epoch, index) for index in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
 
 
 def build_batch_source(
@@ -50,12 +70,15 @@ def build_batch_source(
     generator (the gpu pipeline draws no random numbers). See the module docstring for how the ``loader:``
     options apply to each pipeline.
     """
+    if samples_depend_on_epoch(dataset):
+        sampler = EpochKeyedSampler(sampler)
     if cfg.pipeline == "gpu":
-        if cfg.data_loader_config == "dali":
+        if cfg.data_loader_config.startswith("dali"):
             logger.info(
-                "data_loader_config 'dali': dlscale's own gpu pipeline plays DALI's role "
+                "data_loader_config %r: dlscale's own gpu pipeline plays DALI's role "
                 "(threaded reads, pinned buffers, side-stream copies, normalization on the device); "
-                "NVIDIA DALI itself is not used"
+                "NVIDIA DALI itself is not used",
+                cfg.data_loader_config,
             )
         return GpuPipeline(
             dataset,

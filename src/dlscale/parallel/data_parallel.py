@@ -10,8 +10,10 @@ gradients). The model itself knows nothing of this.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from dlscale.errors import ConfigError
@@ -94,3 +96,29 @@ def _single_process_data_parallel(
         return model
     log.info("DataParallel over %d GPUs in one process", gpus)
     return torch.nn.DataParallel(model)
+
+
+def buffer_synchronizer(
+    model: torch.nn.Module, cfg: ParallelConfig, process: ProcessInfo, mesh: ParallelMesh | None = None
+) -> Callable[[], None]:
+    """A function that gives every data-parallel rank the first rank's buffers (BatchNorm's running statistics).
+
+    DDP broadcasts them at the start of every forward, so after the last step of an epoch each rank still holds
+    the update of its own last batch; validation bypasses DDP, and the checkpoint holds rank 0's. Calling this
+    before validation makes every rank validate, and save, the same model. A no-op when the model has no
+    buffers, with one replica, with ``noddp`` or ``disable_broadcast_buffers`` (the user keeps buffers per rank).
+    """
+    mesh = mesh or ParallelMesh.serial()
+    buffers = list(model.buffers())
+    replicas = mesh.size("dp-cp") if mesh.is_model_parallel else process.world_size
+    if not buffers or replicas <= 1 or cfg.noddp or cfg.disable_broadcast_buffers:
+        return lambda: None
+    group = mesh.group("dp-cp") if mesh.is_model_parallel else None
+    source = dist.get_global_rank(group, 0) if group is not None else 0
+
+    def synchronize() -> None:
+        with torch.no_grad():
+            for buffer in buffers:
+                dist.broadcast(buffer, src=source, group=group)
+
+    return synchronize

@@ -19,7 +19,7 @@ from dlscale.config.run_config import RunConfig
 from dlscale.data.pipeline import BatchSource, build_batch_source
 from dlscale.data.sampler import EvaluationSampler, TrainingSampler
 from dlscale.errors import ConfigError
-from dlscale.parallel.data_parallel import wrap_data_parallel
+from dlscale.parallel.data_parallel import buffer_synchronizer, wrap_data_parallel
 from dlscale.parallel.mesh import ParallelMesh
 from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum, parallelize, report_layout
 from dlscale.perf.flops import Utilization, compute_precision, training_flops_per_sample
@@ -66,6 +66,7 @@ class TrainingSetup:
     mesh: ParallelMesh = field(default_factory=ParallelMesh.serial)  # the dp x tp x cp layout and its groups
     metric_sum: Any = None  # in-place sum of validation metrics over the ranks that saw different samples
     lockstep_validation: bool = False  # every rank runs the same number of validation forwards (FSDP2)
+    sync_buffers: Any = None  # gives every replica rank 0's buffers (BatchNorm statistics) before validation
     progress: TrainProgress = field(default_factory=TrainProgress)
     resumed_from: Path | None = None
     utilization: Any = None  # dlscale.perf.flops.Utilization: TFLOP/s and MFU from samples/s (None: unknown)
@@ -183,7 +184,8 @@ def build_training(
         metric_sum=data_parallel_sum(mesh, default=None),
         lockstep_validation=cfg.parallel.data_parallel == "fsdp"
         and replica is model
-        and process.world_size > 1,
+        and mesh.size("dp-cp") > 1,
+        sync_buffers=buffer_synchronizer(model, cfg.parallel, process, mesh),
     )
     if resume_from is not None:
         setup.progress = restore_training(setup, resume_from)  # restores the RNG last, right before training

@@ -137,6 +137,8 @@ class Trainer:
         s, p = self.setup, self.progress
         self.flush_loss()
         train_loss = p.epoch_loss_sum / max(p.step_in_epoch, 1)
+        if s.sync_buffers is not None:
+            s.sync_buffers()  # every rank validates (and saves) the same BatchNorm statistics
         validation = evaluate(
             s.model, s.valid_loader, s.evaluator, s.device, s.predict, s.metric_sum, s.lockstep_validation
         )

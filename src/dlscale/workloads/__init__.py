@@ -26,6 +26,9 @@ DEFAULT_WORKLOAD = "era5_vit"
 # name -> module holding its WORKLOAD (imported on first use, so reading a config stays cheap)
 _REGISTRY = {
     "era5_vit": "dlscale.workloads.era5_vit",
+    "unet_cosmo": "dlscale.workloads.unet_cosmo",
+    "cnn_mnist": "dlscale.workloads.cnn_mnist",
+    "resnet_cifar": "dlscale.workloads.resnet_cifar",
 }
 
 

@@ -1,0 +1,64 @@
+"""CIFAR-100 classification with a ResNet (the CSC/LUMI summer school's ResNet-152 demo).
+
+Loss: cross-entropy of the logits. Metrics: loss and top-1 accuracy on the test split, next to chance and the
+always-the-most-frequent-class baseline (:class:`~dlscale.workloads.classification.ClassificationEvaluator`).
+FLOPs for TFLOP/s and MFU are analytic (every conv and the linear layer), equal to what FlopCounterMode counts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dlscale.data.cifar import CIFARDataConfig, CIFARDataset
+from dlscale.errors import ConfigError
+from dlscale.models.resnet import ResNet, ResNetConfig, count_parameters, resnet_flops_per_sample
+from dlscale.workloads.classification import ClassificationEvaluator
+
+
+def per_sample_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each sample (B,)."""
+    return F.cross_entropy(logits, labels, reduction="none")
+
+
+class ResNetCIFAR:
+    """The CIFAR-100 + ResNet workload (see the module docstring)."""
+
+    name = "resnet_cifar"
+    data_config = CIFARDataConfig
+    model_config = ResNetConfig
+
+    def build_datasets(self, data_cfg: CIFARDataConfig) -> dict[str, CIFARDataset]:
+        return {"train": CIFARDataset(data_cfg, "train"), "valid": CIFARDataset(data_cfg, "valid")}
+
+    def build_model(self, model_cfg: ResNetConfig, data_cfg: CIFARDataConfig) -> ResNet:
+        if model_cfg.num_classes != data_cfg.num_classes:
+            raise ConfigError(
+                f"model.num_classes is {model_cfg.num_classes}, but data.label '{data_cfg.label}' has "
+                f"{data_cfg.num_classes} classes; set model.num_classes={data_cfg.num_classes}"
+            )
+        return ResNet(model_cfg)
+
+    def forward_flops_per_sample(self, model_cfg: ResNetConfig, data_cfg: CIFARDataConfig) -> int:
+        """Analytic forward FLOPs of one image (2 per multiply-accumulate of the convs and the linear layer)."""
+        return resnet_flops_per_sample(model_cfg, data_cfg.image_size)
+
+    def loss(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(prediction, target)
+
+    def evaluator(
+        self, valid_dataset: CIFARDataset, image_channel: str | None = None
+    ) -> ClassificationEvaluator:
+        # image_channel names a field channel to plot for the gridded workloads; classifiers have none.
+        return ClassificationEvaluator(valid_dataset.num_classes, per_sample_cross_entropy)
+
+    def describe_model(self, model: ResNet) -> str:
+        cfg = model.cfg
+        stem = "3x3 stride-1 stem (no max-pool)" if cfg.small_input_stem else "7x7 stride-2 stem + max-pool"
+        return (
+            f"ResNet-{cfg.depth} with {count_parameters(model):,} parameters: {cfg.block_kind} blocks, width "
+            f"{cfg.width}, {stem}, {cfg.num_classes} classes"
+        )
+
+
+WORKLOAD = ResNetCIFAR()

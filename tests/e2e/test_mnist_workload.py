@@ -1,0 +1,100 @@
+"""The MNIST CNN workload end to end on synthetic digits: it learns, and bench, bf16, torch.compile and DDP on
+two CPU ranks run on it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlscale.cli import main
+from dlscale.commands.train import train
+from dlscale.config import load_run_config
+from dlscale.runtime.local_ranks import run_ranks
+from dlscale.train.checkpoint import load_checkpoint
+
+CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "cnn_mnist.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `tiny` synthetic preset, made by the `dlscale data synth-mnist` command itself."""
+    out = tmp_path_factory.mktemp("data") / "mnist_tiny"
+    assert main(["data", "synth-mnist", "--out", str(out), "--preset", "tiny"]) == 0
+    return out
+
+
+def tiny(data: Path, expdir: Path, *overrides: str):
+    settings = [f"data.root={data}", f"log.expdir={expdir}", "log.progress=none", "log.tensorboard=false"]
+    return load_run_config(CONFIG_FILE, "tiny", [*settings, *overrides])
+
+
+def final_checkpoint(expdir: Path) -> dict:
+    return load_checkpoint(expdir / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")
+
+
+def test_tiny_config_learns_to_read_the_digits(tiny_mnist, tmp_path):
+    assert train(tiny(tiny_mnist, tmp_path)) == 0
+    run = tmp_path / "tiny" / "00"
+    final = json.loads((run / "summary.json").read_text())["final"]
+    assert final["headline"] == "accuracy" and final["baseline"] == "majority class"
+    # 10 balanced-ish classes: chance is 10%, the majority class ~13% of the 256 validation images
+    assert final["headline_value"] > 0.6 and final["headline_value"] > final["baseline_headline"] + 0.4
+    history = final_checkpoint(tmp_path)["progress"]["history"]
+    assert [row["epoch"] for row in history] == [1, 2] and history[1]["val_loss"] < history[0]["val_loss"]
+    log = (run / "out.log").read_text()
+    correct = round(final["headline_value"] * 256)
+    assert f"Test set: Average loss: {final['val_loss']:.4f}, Accuracy: {correct}/256" in log
+    assert "CNN with 1,199,882 parameters" in log and "Adadelta" in log
+
+
+def test_dlscale_bench_runs_on_the_cnn(tiny_mnist, tmp_path, capsys):
+    command = ["bench", "--yaml_config", str(CONFIG_FILE), "--config", "tiny",
+               "--set", f"data.root={tiny_mnist}", "--set", f"log.expdir={tmp_path}",
+               "--set", "log.tensorboard=false", "--progress", "none",
+               "--nbatches", "3", "--ntrials", "1", "--nwarmup", "0"]  # fmt: skip
+    assert main(command) == 0
+    assert sum("BENCHY::SUMMARY::" in line for line in capsys.readouterr().out.splitlines()) == 3
+    record = json.loads((tmp_path / "tiny" / "00" / "benchy_result.json").read_text())
+    assert record["FULL"]["trial_throughput"][0] > 0 and record["batch"]["local"] == 32
+
+
+@pytest.mark.parametrize("flag", ["train.amp_mode=bf16", "train.enable_jit=true"], ids=["bf16", "compiled"])
+def test_bf16_and_compiled_epochs_end_with_a_finite_loss(tiny_mnist, tmp_path, flag):
+    cfg = tiny(
+        tiny_mnist,
+        tmp_path,
+        flag,
+        "train.num_epochs=1",
+        "data.limit_nsamples=128",
+        "data.limit_nsamples_val=64",
+    )
+    assert train(cfg) == 0
+    (row,) = final_checkpoint(tmp_path)["progress"]["history"]
+    assert math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"])
+
+
+# Dropout draws its masks per rank, so only without it do 2 ranks x 16 samples compute what 1 rank x 32 does.
+DDP_OVERRIDES = ("train.num_epochs=1", "data.limit_nsamples=256", "model.dropout1=0", "model.dropout2=0")
+
+
+def train_rank(rank: int, data: Path, expdir: Path) -> int:
+    return train(tiny(data, expdir, *DDP_OVERRIDES))
+
+
+def test_two_ranks_train_like_one_rank_with_the_whole_batch(tiny_mnist, tmp_path):
+    assert train(tiny(tiny_mnist, tmp_path / "one", *DDP_OVERRIDES)) == 0
+    assert run_ranks(2, train_rank, tiny_mnist, tmp_path / "two") == [0, 0]
+    one, two = final_checkpoint(tmp_path / "one"), final_checkpoint(tmp_path / "two")
+    assert two["meta"]["world_size"] == 2 and two["meta"]["global_batch_size"] == 32
+    for key, expected in one["model"].items():
+        np.testing.assert_allclose(
+            two["model"][key].numpy(), expected.numpy(), rtol=1e-4, atol=2e-6, err_msg=key
+        )
+    (first,), (second,) = one["progress"]["history"], two["progress"]["history"]
+    assert second["val_loss"] == pytest.approx(first["val_loss"], rel=1e-5)
+    # accuracy summed over both ranks' samples (one argmax may flip between nearly equal weights)
+    assert second["headline_value"] == pytest.approx(first["headline_value"], abs=1.5 / 256)

@@ -1,0 +1,121 @@
+"""The U-Net workload end to end on generated data: it learns, and bench, bf16, torch.compile and DDP run on it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_training_run import StopAtStep
+
+from dlscale.cli import main
+from dlscale.commands.train import train
+from dlscale.config import load_run_config
+from dlscale.data.synth_cosmo import generate
+from dlscale.runtime.local_ranks import run_ranks
+from dlscale.train.checkpoint import load_checkpoint
+from dlscale.train.observer import Observer
+
+CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "unet_cosmo.yaml"
+
+
+@pytest.fixture(scope="session")
+def tiny_cosmo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate(tmp_path_factory.mktemp("data") / "cosmo_tiny", "tiny")
+
+
+def tiny(data: Path, expdir: Path, *overrides: str, name: str = "tiny", **flags):
+    settings = [f"data.root={data}", f"log.expdir={expdir}", "log.progress=none", "log.tensorboard=false"]
+    return load_run_config(CONFIG_FILE, name, [*settings, *overrides], flags)
+
+
+class KeepReports(Observer):
+    """The epoch reports of the run in this process."""
+
+    def __init__(self):
+        self.reports = []
+
+    def on_epoch_end(self, trainer, report) -> None:
+        self.reports.append(report)
+
+
+def train_and_report(cfg) -> list:
+    keep = KeepReports()
+    assert train(cfg, extra_observers=[keep]) == 0
+    return keep.reports
+
+
+def test_the_unet_learns_far_better_than_predicting_zeros(tiny_cosmo, tmp_path):
+    # 2 epochs of 256 random crops, 64 steps of 4, about 5 s.
+    cfg = tiny(tiny_cosmo, tmp_path, "Nsamples=256", "Nsamples_val=16", "lr=4E-3", "warmup=8")
+    reports = train_and_report(cfg)
+    assert len(reports) == 2
+    validation = reports[-1].validation
+    zeros = validation.baseline_scalars["L1"]
+    assert 0.2 < zeros < 0.3  # mean |target| of the synthetic gas fields
+    assert validation.scalars["L1"] < 0.5 * zeros, validation.lines
+    assert reports[-1].train_loss < reports[0].train_loss
+    assert (Path(cfg.log.expdir) / "tiny" / "00" / "figures" / "prediction_vs_target.png").is_file()
+
+
+def test_dlscale_bench_runs_on_the_unet(tiny_cosmo, tmp_path, capsys):
+    command = ["bench", "--yaml_config", str(CONFIG_FILE), "--config", "tiny", "--set", f"data.root={tiny_cosmo}",
+               "--set", f"log.expdir={tmp_path}", "--set", "log.tensorboard=false", "--progress", "none",
+               "--nbatches", "2", "--ntrials", "1", "--nwarmup", "0", "--data_loader_config", "gpu"]  # fmt: skip
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert sum("BENCHY::SUMMARY::" in line for line in out.splitlines()) == 3
+    assert (tmp_path / "tiny" / "00" / "benchy_result.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param({"train.amp_mode": "bf16"}, id="bf16"),
+        pytest.param({"train.enable_jit": True}, id="compiled"),
+    ],
+)
+def test_one_tiny_epoch_with_bf16_or_torch_compile_has_a_finite_loss(tiny_cosmo, tmp_path, flags):
+    cfg = tiny(tiny_cosmo, tmp_path, "Nsamples=8", "Nsamples_val=4", "num_epochs=1", **flags)
+    (report,) = train_and_report(cfg)
+    assert report.steps == 2 and math.isfinite(report.train_loss) and math.isfinite(report.validation.loss)
+
+
+def test_a_run_stopped_mid_epoch_resumes_onto_the_same_crops(tiny_cosmo, tmp_path):
+    # 2 epochs of 4 steps; stopped after step 6 (mid-epoch 2, whose crops differ from epoch 1's).
+    resumed, straight = tiny(tiny_cosmo, tmp_path / "resumed"), tiny(tiny_cosmo, tmp_path / "straight")
+    assert train(resumed, extra_observers=[StopAtStep(6)]) == 0
+    assert train(resumed) == 0
+    assert train(straight) == 0
+    a, b = (
+        load_checkpoint(Path(c.log.expdir) / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")
+        for c in (resumed, straight)
+    )
+    assert a["progress"]["global_step"] == b["progress"]["global_step"] == 8
+    for key, value in b["model"].items():
+        assert torch.equal(a["model"][key], value), key
+
+
+def train_rank(rank: int, data: Path, expdir: Path, overrides: tuple[str, ...]) -> int:
+    return train(tiny(data, expdir, *overrides))
+
+
+def test_two_ranks_train_like_one_rank_with_the_whole_batch(tiny_cosmo, tmp_path):
+    # gpu pipeline with device-side rotations, fresh crops per epoch, a density term in the loss
+    overrides = ("num_epochs=1", "Nsamples=8", "data_loader_config=gpu", "lambda_rho=0.01")
+    train(tiny(tiny_cosmo, tmp_path / "one", *overrides))
+    assert run_ranks(2, train_rank, tiny_cosmo, tmp_path / "two", overrides) == [0, 0]
+    one, two = (
+        load_checkpoint(tmp_path / n / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")
+        for n in ("one", "two")
+    )
+    assert two["meta"]["world_size"] == 2
+    for key, value in one["model"].items():  # no BatchNorm: the same samples give the same gradients
+        np.testing.assert_allclose(
+            two["model"][key].numpy(), value.numpy(), rtol=1e-4, atol=1e-6, err_msg=key
+        )
+    (first,), (second,) = one["progress"]["history"], two["progress"]["history"]
+    assert second["train_loss"] == pytest.approx(first["train_loss"], rel=1e-5)
+    assert second["val_loss"] == pytest.approx(first["val_loss"], rel=1e-5)
