@@ -73,8 +73,12 @@ def _shard_like(value: Any, local: Any) -> Any:
         return value
     from torch.distributed.tensor import distribute_tensor
 
-    # Every rank holds the same full tensor, so each can cut its own shard (no scatter from rank 0).
-    return distribute_tensor(value.to(local.device), local.device_mesh, local.placements, src_data_rank=None)
+    value = value.to(local.device)
+    try:
+        # Every rank holds the same full tensor, so each can cut its own shard (no scatter from rank 0).
+        return distribute_tensor(value, local.device_mesh, local.placements, src_data_rank=None)
+    except TypeError:  # torch < 2.6 has no src_data_rank: it scatters rank 0's copy, the same values
+        return distribute_tensor(value, local.device_mesh, local.placements)
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
