@@ -99,10 +99,9 @@ def build_training(
     checkpoints = CheckpointDir(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
     # Fails early, before reading any data.
     resume_from = resume_source(cfg.checkpoint, checkpoints) if resume else None
+    # Before any data is read: a layout that cannot work fails fast.
     with errors_naming_the_config(cfg):
-        mesh = create_mesh(
-            cfg.parallel, process
-        )  # before any data is read: a layout that cannot work fails fast
+        mesh = create_mesh(cfg.parallel, process)
     seed_everything(cfg.train.seed)
 
     datasets = workload.build_datasets(cfg.data)
@@ -119,6 +118,7 @@ def build_training(
     # DDP across the ranks holding the same parameters, FSDP2 (which shards the parameters first, so it comes
     # before the optimizer), or the model itself.
     replica = wrap_data_parallel(model, cfg.parallel, process, device, mesh)
+    sharded_over_ranks = cfg.parallel.data_parallel == "fsdp" and mesh.size("dp-cp") > 1
     report_layout(model, mesh)
     peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_scaling, global_batch, cfg.optim.base_batch_size)
     graphed = cfg.train.cuda_graphs
@@ -182,9 +182,7 @@ def build_training(
         utilization=measure_utilization(workload, model, cfg, device, train_set),
         mesh=mesh,
         metric_sum=data_parallel_sum(mesh, default=None),
-        lockstep_validation=cfg.parallel.data_parallel == "fsdp"
-        and replica is model
-        and mesh.size("dp-cp") > 1,
+        lockstep_validation=sharded_over_ranks,
         sync_buffers=buffer_synchronizer(model, cfg.parallel, process, mesh),
     )
     if resume_from is not None:
