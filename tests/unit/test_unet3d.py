@@ -133,3 +133,14 @@ def test_every_shipped_config_resolves():
     opt = load_run_config(CONFIG_FILE, "bs576_opt_sm")
     assert (opt.loader.pipeline, opt.train.amp_mode, opt.optim.enable_fused) == ("gpu", "fp16", True)
     assert opt.optim.base_batch_size == 32 and opt.train.num_epochs == 12
+
+
+def test_a_run_gets_a_workload_bound_to_its_lambda_rho_and_the_registered_one_stays_plain():
+    from dlscale.workloads import get_workload
+
+    registered = get_workload("unet_cosmo")
+    bound = registered.configured(UNetConfig(lambda_rho=0.5), None)
+    prediction, target = torch.full((1, 5, 2, 2, 2), 0.1), torch.zeros(1, 5, 2, 2, 2)
+    plain = registered.loss(prediction, target)
+    assert registered.lambda_rho == 0.0 and bound.lambda_rho == 0.5
+    assert float(bound.loss(prediction, target)) > float(plain) == pytest.approx(0.1)

@@ -94,6 +94,8 @@ def build_training(
     ``resume=False`` (throughput trials) never reads a checkpoint, whatever ``checkpoint.resume`` says.
     """
     workload = get_workload(cfg.workload)
+    if hasattr(workload, "configured"):  # a workload whose loss or metrics take parameters from the config
+        workload = workload.configured(cfg.model, cfg.data)
     check_device_support(cfg, device, process)
     device.configure(cfg.train.deterministic, tf32=cfg.train.tf32)
     checkpoints = CheckpointDir(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)

@@ -8,6 +8,8 @@ Each workload is a module in this package exposing ``WORKLOAD``, an object with:
 * ``loss(prediction, target)`` -> scalar tensor;
 * optionally ``forward_flops_per_sample(model_cfg, data_cfg)`` -> analytic forward FLOPs of one sample (without
   it, TFLOP/s and MFU come from counting one forward + backward with ``torch.utils.flop_counter``);
+* optionally ``configured(model_cfg, data_cfg)`` -> a copy bound to a run's config, for a loss or metrics with
+  parameters (the run then uses that copy; ``loss`` and ``evaluator`` themselves only receive tensors and data);
 * optionally ``parallelize(model, mesh)`` -> this rank's tensor/context-parallel part of the model (see
   :mod:`dlscale.parallel`); without it the workload trains data-parallel only;
 * ``evaluator(valid_dataset)`` -> an object with ``reset()``, ``update(inputs, targets, predictions)``,

@@ -117,16 +117,20 @@ class CosmoEvaluator:
 class UNetCosmo:
     """The dark-matter -> gas U-Net workload (see the module docstring).
 
-    ``loss`` and ``evaluator`` take only tensors and the data set, so the density weight ``lambda_rho`` (a
-    ``model:`` key) is kept from the last ``build_model`` call: one run per process, as dlscale trains.
+    The loss has a parameter, the density weight ``lambda_rho`` (a ``model:`` key), so a run uses the copy that
+    :meth:`configured` binds to its config; the registered instance has ``lambda_rho`` 0.
     """
 
     name = "unet_cosmo"
     data_config = CosmoDataConfig
     model_config = UNetConfig
 
-    def __init__(self) -> None:
-        self.lambda_rho = 0.0
+    def __init__(self, lambda_rho: float = 0.0) -> None:
+        self.lambda_rho = lambda_rho
+
+    def configured(self, model_cfg: UNetConfig, data_cfg: CosmoDataConfig) -> UNetCosmo:
+        """This workload with the run's loss parameters (``loss`` and ``evaluator`` only get tensors)."""
+        return UNetCosmo(lambda_rho=model_cfg.lambda_rho)
 
     def build_datasets(self, data_cfg: CosmoDataConfig) -> dict[str, CosmoCropDataset]:
         return {"train": CosmoCropDataset(data_cfg, "train"), "valid": CosmoCropDataset(data_cfg, "valid")}
@@ -135,7 +139,6 @@ class UNetCosmo:
         problem = size_problem(model_cfg, data_cfg.data_size)
         if problem is not None:
             raise ConfigError(f"model.full_scale / data.data_size: {problem}")
-        self.lambda_rho = model_cfg.lambda_rho
         return UNet3D(model_cfg, data_cfg.N_in_channels, data_cfg.N_out_channels)
 
     def forward_flops_per_sample(self, model_cfg: UNetConfig, data_cfg: CosmoDataConfig) -> int:
