@@ -16,13 +16,13 @@ from dlscale.data import synth_era5
 from dlscale.data.era5 import ERA5_CHANNELS, ERA5DataConfig, ERA5Dataset
 from dlscale.data.synth_atmosphere import Grid, SyntheticAtmosphere
 from dlscale.data.synth_era5 import (
-    MANIFEST,
     PRESETS,
     SynthERA5Spec,
     existing_spec,
     spec_from_preset,
     write_synthetic_era5,
 )
+from dlscale.data.synth_output import MANIFEST
 from dlscale.errors import DataError
 
 SMALL = SynthERA5Spec(height=8, width=16, steps_per_year=12, train_years=2, valid_years=1, test_years=1)

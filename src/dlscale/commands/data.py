@@ -8,7 +8,8 @@ import logging
 import time
 from pathlib import Path
 
-from dlscale.data.synth_era5 import MANIFEST, existing_spec, spec_from_preset, write_synthetic_era5
+from dlscale.data.synth_era5 import existing_spec, spec_from_preset, write_synthetic_era5
+from dlscale.data.synth_output import MANIFEST
 from dlscale.report.run_dir import setup_logging
 
 log = logging.getLogger("dlscale.data")

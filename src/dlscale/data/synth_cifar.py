@@ -15,9 +15,7 @@ anywhere in a noisy image, not a fixed template. Classes are balanced in every s
 from __future__ import annotations
 
 import colorsys
-import json
 import logging
-import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -25,11 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from dlscale.data.cifar import BINARY_DIR, IMAGE_SIDE, RECORD_BYTES, SPLIT_FILES
+from dlscale.data.synth_output import MANIFEST, read_manifest, write_data_set
 from dlscale.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 CHUNK = 4096  # images drawn at once (bounds memory for any size)
 COLOURS = ("red", "orange", "yellow", "green", "spring", "cyan", "azure", "blue", "purple", "pink")
 PATTERNS = (
@@ -180,12 +178,12 @@ def spec_from_preset(preset: str, seed: int | None = None) -> SynthCIFARSpec:
 
 def existing_spec(out: Path) -> SynthCIFARSpec | None:
     """The spec of a complete data set in ``out``, or None if there is none (or its files are incomplete)."""
-    try:
-        spec = SynthCIFARSpec(**json.loads((out / MANIFEST).read_text())["spec"])
-    except (OSError, ValueError, KeyError, TypeError, DataError):
+    found = read_manifest(out, SynthCIFARSpec)
+    if found is None:
         return None
+    spec = found[0]
     for split, count in (("train", spec.train), ("valid", spec.test)):
-        path = out / BINARY_DIR / SPLIT_FILES[split]
+        path = Path(out) / BINARY_DIR / SPLIT_FILES[split]
         if not path.is_file() or path.stat().st_size != count * RECORD_BYTES:
             return None
     return spec
@@ -199,28 +197,24 @@ def write_synthetic_cifar(
     Files are written into ``<out>.partial`` and moved into place at the end, so an interrupted run never
     leaves something that looks complete.
     """
-    out = Path(out)
-    report = progress or log.info
-    if out.exists() and not (out / MANIFEST).is_file() and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(
-            f"synth-cifar: {out} exists and is not a dlscale synthetic data set (no {MANIFEST}); "
-            "refusing to replace it: choose another --out"
-        )
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    (partial / BINARY_DIR).mkdir(parents=True)
+    return write_data_set(
+        Path(out),
+        "synth-cifar",
+        recognized=lambda path: (path / MANIFEST).is_file(),
+        fill=lambda partial: _write_files(partial, spec, progress or log.info),
+    )
+
+
+def _write_files(partial: Path, spec: SynthCIFARSpec, report: Callable[[str], None]) -> dict:
+    """train.bin, test.bin and the label names in cifar-100-binary/; returns the manifest."""
+    (partial / BINARY_DIR).mkdir()
     for split_index, (split, count) in enumerate((("train", spec.train), ("valid", spec.test))):
         path = partial / BINARY_DIR / SPLIT_FILES[split]
         path.write_bytes(split_bytes(spec, split_index, count))
         report(f"synth-cifar: wrote {BINARY_DIR}/{path.name} ({count} records)")
     (partial / BINARY_DIR / "fine_label_names.txt").write_text("\n".join(fine_label_names()) + "\n")
     (partial / BINARY_DIR / "coarse_label_names.txt").write_text("\n".join(coarse_label_names()) + "\n")
-    manifest = {"generator": "dlscale synth-cifar", "format": "CIFAR-100 binary", "spec": asdict(spec)}
-    (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    partial.rename(out)
-    return out
+    return {"generator": "dlscale synth-cifar", "format": "CIFAR-100 binary", "spec": asdict(spec)}
 
 
 def generate(

@@ -23,10 +23,8 @@ needs about 20 GB of memory and several minutes (each field is one whole-box FFT
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -35,11 +33,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from dlscale.errors import ConfigError, DataError
+from dlscale.data.synth_output import MANIFEST, read_manifest, write_data_set
+from dlscale.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 NBODY_CHANNELS = ("dm_log_density", "dm_vx", "dm_vy", "dm_vz")
 HYDRO_CHANNELS = ("gas_log_density", "temperature", "gas_vx", "gas_vy", "gas_vz")
 SPLIT_FILES = {"train": "train.h5", "valid": "valid.h5"}
@@ -86,10 +84,8 @@ def spec_from_preset(preset: str, seed: int | None = None) -> SynthCosmoSpec:
 
 def existing_spec(out: Path) -> SynthCosmoSpec | None:
     """The spec of the complete data set in ``out``, or None if there is none."""
-    try:
-        return SynthCosmoSpec(**json.loads((out / MANIFEST).read_text())["spec"])
-    except (OSError, ValueError, KeyError, TypeError, ConfigError):
-        return None
+    found = read_manifest(out, SynthCosmoSpec)
+    return found[0] if found else None
 
 
 def generate(
@@ -120,31 +116,28 @@ def generate(
 
 def write_synthetic_cosmo(out: Path, spec: SynthCosmoSpec, progress: Callable[[str], None]) -> Path:
     """Generate both files into ``<out>.partial`` and move it into place (no half-written data set)."""
-    if out.exists() and existing_spec(out) is None and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(
-            f"synth-cosmo: {out} exists and is not a dlscale synthetic data set (no {MANIFEST}); "
-            "refusing to replace it: choose another --out"
-        )
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    return write_data_set(
+        out,
+        "synth-cosmo",
+        recognized=lambda path: existing_spec(path) is not None,
+        fill=lambda partial: _write_files(partial, spec, progress),
+    )
+
+
+def _write_files(partial: Path, spec: SynthCosmoSpec, progress: Callable[[str], None]) -> dict:
+    """The training and validation volumes; returns the manifest."""
     started = time.perf_counter()
     for stream, (split, name) in enumerate(SPLIT_FILES.items()):
         side = spec.train_box if split == "train" else spec.valid_box
         rng = np.random.default_rng([spec.seed, stream])  # independent realizations per split
         write_volume_pair(partial / name, side, spec, rng)
         progress(f"synth-cosmo: wrote {name} ({side}^3, {time.perf_counter() - started:.2f} s)")
-    manifest = {
+    return {
         "generator": "dlscale synth-cosmo",
         "spec": asdict(spec),
         "files": SPLIT_FILES,
         "channels": {"Nbody": list(NBODY_CHANNELS), "Hydro": list(HYDRO_CHANNELS)},
     }
-    (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    partial.rename(out)
-    return out
 
 
 class _Spectrum:

@@ -12,9 +12,7 @@ Files are written in time chunks, so data sets far larger than memory (the bench
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -25,11 +23,11 @@ import numpy as np
 
 from dlscale.data.era5 import ERA5_CHANNELS
 from dlscale.data.synth_atmosphere import Grid, SyntheticAtmosphere
+from dlscale.data.synth_output import read_manifest, write_data_set
 from dlscale.errors import DataError
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 CHUNK_STEPS = 32  # time steps computed and written at once (bounds memory at any grid size)
 
 
@@ -88,13 +86,8 @@ def spec_from_preset(preset: str, **changes: int | float | None) -> SynthERA5Spe
 
 def existing_spec(out: Path) -> SynthERA5Spec | None:
     """The spec a complete data set in ``out`` was generated with, or None if there is none."""
-    manifest = out / MANIFEST
-    if not manifest.is_file():
-        return None
-    try:
-        return SynthERA5Spec(**json.loads(manifest.read_text())["spec"])
-    except (ValueError, KeyError, TypeError):
-        return None
+    found = read_manifest(out, SynthERA5Spec)
+    return found[0] if found else None
 
 
 def write_synthetic_era5(
@@ -105,23 +98,25 @@ def write_synthetic_era5(
     Everything is written into ``<out>.partial`` first and moved into place at the end, so an interrupted run
     never leaves something that looks like a complete data set.
     """
-    out = Path(out)
-    if out.exists() and existing_spec(out) is None and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(
-            f"synth-era5: {out} exists and is not a dlscale synthetic data set (no {MANIFEST}); "
-            "refusing to replace it: choose another --out"
-        )
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    atmosphere = SyntheticAtmosphere(Grid(spec.height, spec.width), seed=spec.seed, noise=spec.noise)
     report = progress or (lambda message: log.info(message))
+    return write_data_set(
+        Path(out),
+        "synth-era5",
+        recognized=lambda path: existing_spec(path) is not None,
+        fill=lambda partial: _write_files(partial, spec, report),
+    )
+
+
+def _write_files(partial: Path, spec: SynthERA5Spec, report: Callable[[str], None]) -> dict:
+    """The yearly HDF5 files and the statistics of the training years; returns the manifest."""
+    atmosphere = SyntheticAtmosphere(Grid(spec.height, spec.width), seed=spec.seed, noise=spec.noise)
     started = time.perf_counter()
     channel_sum = np.zeros(len(ERA5_CHANNELS))
     channel_sumsq = np.zeros(len(ERA5_CHANNELS))
     time_sum = np.zeros((len(ERA5_CHANNELS), spec.height, spec.width))
     step_offset = 0
     for split, years in spec.years().items():
-        (partial / split).mkdir(parents=True)
+        (partial / split).mkdir()
         for year in years:
             path = partial / split / f"{year}.h5"
             with h5py.File(path, "w") as handle:
@@ -155,10 +150,4 @@ def write_synthetic_era5(
     np.save(stats / "global_means.npy", means.reshape(1, -1, 1, 1).astype(np.float32))
     np.save(stats / "global_stds.npy", stds.reshape(1, -1, 1, 1).astype(np.float32))
     np.save(stats / "time_means.npy", (time_sum / train_steps)[None].astype(np.float32))
-    manifest = {"generator": "dlscale synth-era5", "channels": list(ERA5_CHANNELS), "spec": asdict(spec)}
-    (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-
-    if out.exists():  # a previous synthetic set (checked above), or an empty directory
-        shutil.rmtree(out)
-    partial.rename(out)
-    return out
+    return {"generator": "dlscale synth-era5", "channels": list(ERA5_CHANNELS), "spec": asdict(spec)}

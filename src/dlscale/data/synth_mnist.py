@@ -16,9 +16,7 @@ Deterministic: the same preset and seed give the same bytes; the two splits use 
 from __future__ import annotations
 
 import gzip
-import json
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -27,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from dlscale.data.mnist import IMAGE_SIDE, IMAGES_MAGIC, LABELS_MAGIC, NUM_CLASSES, SPLIT_FILES
+from dlscale.data.synth_output import MANIFEST, read_manifest, write_data_set
 from dlscale.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 GENERATOR = "dlscale synth-mnist"
 CHUNK = 128  # images rendered at once (bounds the (chunk, segments, pixels) distance arrays to ~10 MB)
 
@@ -185,16 +183,14 @@ def write_gzip(path: Path, content: bytes) -> None:
 
 def existing_spec(out: Path) -> SynthMNISTSpec | None:
     """The spec a complete data set in ``out`` was generated with, or None if there is none."""
-    try:
-        manifest = json.loads((out / MANIFEST).read_text())
-        spec = SynthMNISTSpec(**manifest["spec"])
-    except (OSError, ValueError, KeyError, TypeError, DataError):
+    found = read_manifest(out, SynthMNISTSpec)
+    if found is None:
         return None
-    if manifest.get("generator") != GENERATOR or not all(
+    spec, manifest = found
+    complete = manifest.get("generator") == GENERATOR and all(
         (out / name).is_file() for name in manifest["files"]
-    ):
-        return None
-    return spec
+    )
+    return spec if complete else None
 
 
 def write_synthetic_mnist(
@@ -205,16 +201,16 @@ def write_synthetic_mnist(
     Written into ``<out>.partial`` and moved into place at the end, so an interrupted run never leaves
     something that looks complete.
     """
-    out = Path(out)
-    if out.exists() and existing_spec(out) is None and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(
-            f"synth-mnist: {out} exists and is not a dlscale synthetic data set (no {MANIFEST}); "
-            "refusing to replace it: choose another --out"
-        )
-    report = progress or log.info
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    return write_data_set(
+        Path(out),
+        "synth-mnist",
+        recognized=lambda path: existing_spec(path) is not None,
+        fill=lambda partial: _write_files(partial, spec, progress or log.info),
+    )
+
+
+def _write_files(partial: Path, spec: SynthMNISTSpec, report: Callable[[str], None]) -> dict:
+    """The four idx files (gzip); returns the manifest."""
     started = time.perf_counter()
     files = []
     splits = (("train", spec.train_samples), ("valid", spec.valid_samples))
@@ -226,12 +222,7 @@ def write_synthetic_mnist(
         files += [images_name, labels_name]
         seconds = time.perf_counter() - started
         report(f"synth-mnist: wrote {images_name} and {labels_name} ({count} images, {seconds:.1f} s)")
-    manifest = {"generator": GENERATOR, "spec": asdict(spec), "files": files}
-    (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    if out.exists():  # a previous synthetic set (checked above), or an empty directory
-        shutil.rmtree(out)
-    partial.rename(out)
-    return out
+    return {"generator": GENERATOR, "spec": asdict(spec), "files": files}
 
 
 def spec_from_preset(preset: str, seed: int | None = None) -> SynthMNISTSpec:

@@ -1,0 +1,55 @@
+"""How every ``dlscale data synth-*`` generator puts a data set on disk: all of it or nothing, with a manifest.
+
+The files are written into ``<out>.partial`` and moved into place at the end, so an interrupted run never
+leaves something that looks complete; ``manifest.json`` (written last) records the generator and its spec, which
+is how ``--if-missing`` recognises a data set it already wrote and how a directory that is not a generated data
+set is refused instead of being replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dlscale.errors import DataError, DlscaleError
+
+MANIFEST = "manifest.json"
+
+
+def read_manifest(out: Path, spec_type: type) -> tuple[Any, dict[str, Any]] | None:
+    """(spec, manifest) of the generated data set in ``out``, or None when there is no readable manifest whose
+    ``spec`` makes a valid ``spec_type``."""
+    try:
+        manifest = json.loads((Path(out) / MANIFEST).read_text())
+        return spec_type(**manifest["spec"]), manifest
+    except (OSError, ValueError, KeyError, TypeError, DlscaleError):
+        return None
+
+
+def write_data_set(
+    out: Path, generator: str, recognized: Callable[[Path], bool], fill: Callable[[Path], dict[str, Any]]
+) -> Path:
+    """Write a data set into ``out`` all at once; return ``out``.
+
+    ``fill(partial)`` writes the files into the (existing, empty) directory ``partial`` and returns the manifest
+    to record. An existing ``out`` is replaced only when ``recognized(out)`` (a data set this generator wrote) or
+    when it is an empty directory; anything else is refused with a DataError naming it.
+    """
+    out = Path(out)
+    if out.exists() and not recognized(out) and (not out.is_dir() or any(out.iterdir())):
+        raise DataError(
+            f"{generator}: {out} exists and is not a dlscale synthetic data set (no {MANIFEST}); "
+            "refusing to replace it: choose another --out"
+        )
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    manifest = fill(partial)
+    (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if out.exists():  # a previous data set of this generator (checked above), or an empty directory
+        shutil.rmtree(out)
+    partial.rename(out)
+    return out
