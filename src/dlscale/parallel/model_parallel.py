@@ -3,16 +3,17 @@ and print which rank holds what."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
 from dlscale.errors import ConfigError
 from dlscale.parallel.layout import ParallelConfig
 from dlscale.parallel.mesh import MeshShape, ParallelMesh, layout_table
+from dlscale.runtime.distributed import sum_across_ranks_
 from dlscale.runtime.launch import ProcessInfo
 
 log = logging.getLogger("dlscale.parallel")
@@ -68,9 +69,6 @@ def data_parallel_sum(mesh: ParallelMesh, default: Any) -> Any:
     if not mesh.is_model_parallel:
         return default
     group = mesh.group("dp")
-
-    def sum_over_dp(tensor: torch.Tensor) -> None:
-        if group is not None:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
-
-    return sum_over_dp
+    if group is None:  # one replica: its ranks already hold every sample's metrics
+        return lambda tensor: None
+    return functools.partial(sum_across_ranks_, group=group)

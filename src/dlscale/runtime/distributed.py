@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -83,10 +84,11 @@ def any_rank(flag: bool, device: Device) -> bool:
     return bool(value.item())
 
 
-def sum_across_ranks_(tensor: torch.Tensor) -> None:
-    """Replace ``tensor`` by its sum over all ranks, in place (every rank calls this with the same shape)."""
+def sum_across_ranks_(tensor: torch.Tensor, group: Any = None) -> None:
+    """Replace ``tensor`` by its sum over all ranks (or over ``group``), in place; every rank of it calls this
+    with the same shape."""
     if is_distributed():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
 
 
 def barrier() -> None:
