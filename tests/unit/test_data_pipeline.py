@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset
 
+from dlscale.data.batch_reads import BatchesAsItems
 from dlscale.data.era5 import ERA5Dataset
 from dlscale.data.gpu_pipeline import READER_THREAD_PREFIX, GpuPipeline
 from dlscale.data.loader import LoaderConfig
@@ -113,6 +114,63 @@ def test_gpu_pipeline_matches_pytorch_loader_over_an_epoch(valid_set, workers, p
     # A second pass (the next epoch) reuses the ring and is just as exact.
     assert_same_batches(expected, list(pipeline))
     assert reader_threads() == []
+
+
+# --- data sets that read whole batches (ERA5) ------------------------------------------------------------------
+
+
+class BatchReadSpy(PlainDataset):
+    """A PlainDataset that also reads whole batches (through the ERA5 data set) and records those calls."""
+
+    def __init__(self, base: ERA5Dataset):
+        super().__init__(base)
+        self.batch_reads: list[tuple[list[int], bool]] = []  # (indices, whether tensors to fill were given)
+
+    def read_batch(self, indices, out=None):
+        with self._lock:
+            self.batch_reads.append((list(indices), out is not None))
+        return self.base.read_batch(indices, out=out)
+
+
+def per_sample_batches(dataset: Dataset, sampler, batch_size: int) -> list[tuple[torch.Tensor, ...]]:
+    """The reference for batch reads: torch's DataLoader reading sample by sample and stacking."""
+    return [
+        tuple(batch) for batch in DataLoader(PlainDataset(dataset), batch_size=batch_size, sampler=sampler)
+    ]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pytorch_loader_reads_whole_batches_with_the_values_of_sample_reads(train_set, workers):
+    sampler = TrainingSampler(len(train_set), 10, num_shards=2, shard_id=1, shuffle=True, seed=SEED)
+    expected = per_sample_batches(train_set, sampler, 5)
+    assert [len(batch[0]) for batch in expected] == [5, 5, 5, 5]
+    source = build_batch_source(train_set, LoaderConfig(num_data_workers=workers), 5, sampler, CPU, SEED)
+    assert isinstance(source, DataLoader) and isinstance(source.dataset, BatchesAsItems)
+    assert len(source) == len(expected)
+    assert_same_batches(expected, [tuple(batch) for batch in source])
+
+
+def test_pytorch_loader_asks_for_each_batch_once(valid_set):
+    spy = BatchReadSpy(valid_set)
+    sampler = EvaluationSampler(len(valid_set))
+    batches = [tuple(batch) for batch in build_batch_source(spy, LoaderConfig(), 4, sampler, CPU, SEED)]
+    assert [indices for indices, _ in spy.batch_reads] == [list(b) for b in BatchSampler(sampler, 4, False)]
+    assert spy.reads == []  # never sample by sample
+    assert_same_batches(per_sample_batches(valid_set, sampler, 4), batches)
+
+
+def test_gpu_pipeline_reads_each_batch_with_one_call_into_its_ring(valid_set):
+    spy = BatchReadSpy(valid_set)
+    sampler = EvaluationSampler(len(valid_set))
+    pipeline = GpuPipeline(spy, sampler, 4, CPU, num_threads=2, prefetch_depth=2)
+    assert_same_batches(per_sample_batches(valid_set, sampler, 4), list(pipeline))
+    expected_calls = [list(b) for b in BatchSampler(sampler, 4, False)]
+    assert sorted(indices for indices, _ in spy.batch_reads) == sorted(expected_calls)
+    assert all(into_ring for _, into_ring in spy.batch_reads)
+    assert spy.reads == [0]  # only the sample that shapes the ring
+    # Inputs and targets of one shape share a buffer per slot, so ERA5 reads both states with one HDF5 call.
+    slot = pipeline._slots[0]
+    assert slot.inputs._base is slot.targets._base and slot.inputs._base.shape[0] == 2
 
 
 def test_a_first_pass_under_inference_mode_does_not_break_later_passes(valid_set):
@@ -308,9 +366,9 @@ def test_interpreter_exit_with_a_pass_in_progress_is_clean(valid_set, tmp_path):
         from dlscale.runtime.device import Device
 
         class SlowERA5(ERA5Dataset):
-            def __getitem__(self, index):
-                time.sleep(0.01)
-                return super().__getitem__(index)
+            def read_batch(self, indices, out=None):  # the pipeline's reads (whole batches for ERA5)
+                time.sleep(0.01 * len(indices))
+                return super().read_batch(indices, out=out)
 
         with open({str(config_file)!r}, "rb") as handle:
             dataset = SlowERA5(pickle.load(handle), "valid")

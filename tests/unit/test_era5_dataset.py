@@ -182,6 +182,92 @@ def test_normalization_uses_stats_and_can_be_switched_off(tmp_path):
     np.testing.assert_array_equal(raw[7][0].numpy(), expected_field(raw.files.index(path), t))
 
 
+# ---- batch reads ------------------------------------------------------------------------------------------
+
+
+def normalized_in_numpy(field: np.ndarray, means: np.ndarray, stds: np.ndarray) -> np.ndarray:
+    """The reference tutorial's per-sample normalization, in float32 numpy."""
+    channels = len(field)
+    means, stds = means.astype(np.float32)[:channels], stds.astype(np.float32)[:channels]
+    return (field - means[:, None, None]) / stds[:, None, None]
+
+
+@pytest.mark.parametrize("n_out", [C, 2])  # same channels: one HDF5 read per sample; else one per state
+@pytest.mark.parametrize("dt", [1, 2])
+def test_read_batch_is_the_samples_stacked_and_normalized_as_numpy_does_bitwise(tmp_path, n_out, dt):
+    write_split(tmp_path, "train")
+    means, stds = np.array([1.5, -2.25, 300.0, 5.0]), np.array([2.0, 0.3, 10.0, 7.0])
+    write_stats(tmp_path, means, stds)
+    ds = ERA5Dataset(make_cfg(tmp_path, img_size=(4, 7), n_out_channels=n_out, dt=dt), "train")
+    # Out of order, a repeat, and samples of all three files (the first and last of each file included).
+    last_of_first_file = ds.samples_per_file[0] - 1
+    indices = [len(ds) - 1, 0, last_of_first_file, last_of_first_file + 1, 3, 3, len(ds) - 2]
+    inputs, targets = ds.read_batch(indices)
+    assert inputs.shape == (len(indices), C, 4, 7) and targets.shape == (len(indices), n_out, 4, 7)
+    for tensor in (inputs, targets):
+        assert tensor.dtype == torch.float32 and tensor.is_contiguous()
+    for row, index in enumerate(indices):
+        path, t = ds.location(index)
+        f = ds.files.index(path)
+        want_inputs = expected_field(f, t)[:, :4, :7]
+        want_targets = expected_field(f, t + dt)[:n_out, :4, :7]
+        np.testing.assert_array_equal(inputs[row].numpy(), normalized_in_numpy(want_inputs, means, stds))
+        np.testing.assert_array_equal(targets[row].numpy(), normalized_in_numpy(want_targets, means, stds))
+        sample = ds[index]
+        assert torch.equal(sample[0], inputs[row]) and torch.equal(sample[1], targets[row])
+
+
+class CountingSlabReader(era5_module.SlabReader):
+    reads = 0
+
+    def read(self, *args):
+        type(self).reads += 1
+        super().read(*args)
+
+
+@pytest.mark.parametrize("one_buffer", [True, False])
+def test_read_batch_fills_the_tensors_it_is_given(data_root, monkeypatch, one_buffer):
+    monkeypatch.setattr(era5_module, "SlabReader", CountingSlabReader)
+    monkeypatch.setattr(CountingSlabReader, "reads", 0)
+    ds = ERA5Dataset(make_cfg(data_root), "train")
+    indices = [5, 0, 9, 2]
+    if one_buffer:
+        both = torch.full((2, 4, C, H, W), float("nan"))
+        out = (both[0], both[1])
+    else:
+        out = (torch.full((4, C, H, W), float("nan")), torch.full((4, C, H, W), float("nan")))
+    got = ds.read_batch(indices, out=out)
+    assert got[0] is out[0] and got[1] is out[1]
+    # Halves of one buffer: one strided read per sample fills both; separate tensors: one read per state.
+    assert CountingSlabReader.reads == (1 if one_buffer else 2) * len(indices)
+    fresh = ds.read_batch(indices)
+    assert torch.equal(got[0], fresh[0]) and torch.equal(got[1], fresh[1])
+
+
+@pytest.mark.parametrize(
+    "out, message",
+    [
+        (
+            (torch.empty(3, C, H, W), torch.empty(2, C, H, W)),
+            r"out targets .* shape \(3, 4, 6, 10\), got \(2, 4, 6, 10\)",
+        ),
+        (
+            (torch.empty(3, C, H, W, dtype=torch.float64), torch.empty(3, C, H, W)),
+            r"out inputs .*torch\.float64",
+        ),
+        (
+            (torch.empty(3, C, W, H).transpose(2, 3), torch.empty(3, C, H, W)),
+            "out inputs must be a contiguous float32 CPU tensor",
+        ),
+        ((torch.empty(3, C, H, W), torch.empty(3, C, H, W, device="meta")), r"out targets .* on meta"),
+    ],
+)
+def test_read_batch_refuses_tensors_it_cannot_fill(data_root, out, message):
+    ds = ERA5Dataset(make_cfg(data_root), "train")
+    with pytest.raises(ValueError, match=message):
+        ds.read_batch([0, 1, 2], out=out)
+
+
 def test_limit_keeps_first_samples(data_root):
     full = ERA5Dataset(make_cfg(data_root), "train")
     limited = ERA5Dataset(make_cfg(data_root, limit_nsamples=6), "train")

@@ -19,6 +19,7 @@ import copy
 import logging
 import operator
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from dlscale.data.era5_layout import (
     load_stats,
     scan_split,
 )
+from dlscale.data.hdf5_slabs import SlabReader
 from dlscale.data.normalization import ChannelNormalizer
 from dlscale.errors import DataError
 
@@ -72,6 +74,8 @@ class ERA5Dataset(Dataset):
         self.means: np.ndarray = load_stats(cfg, "global_means_path", self.channel_names)
         self.stds: np.ndarray = load_stats(cfg, "global_stds_path", self.channel_names, positive=True)
         self.latitudes: np.ndarray = latitudes(layout.file_height, cfg.img_size[0])
+        n_out = cfg.n_out_channels
+        self._normalizer = ChannelNormalizer(self.means, self.stds, self.means[:n_out], self.stds[:n_out])
 
         # _first_index[f] = global index of file f's first sample; the last entry is the total.
         self._first_index = [0]
@@ -108,37 +112,79 @@ class ERA5Dataset(Dataset):
         return file_index, index - self._first_index[file_index]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        file_index, t = self._locate(index)
+        inputs, targets = self.read_batch([index])
+        return inputs[0], targets[0]
+
+    def read_batch(
+        self, indices: Sequence[int], out: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples ``indices`` stacked: inputs (N, n_in, H, W) and targets (N, n_out, H, W), float32.
+
+        The values of ``torch.stack([self[i] ...])``, but HDF5 writes each sample straight into its row of
+        the batch and the batch is normalized at once, with torch's threads: no array allocated per sample, no
+        collation copy, no normalization channel by channel in numpy, which together made the loader about
+        twice as slow (benchmarks/io_overhead.py). ``out``: C-contiguous float32 CPU tensors of those shapes
+        to fill (a ring buffer's), else new ones. When inputs and targets are the two halves of one buffer
+        (new ones are, when they have the same channels), one HDF5 call reads both states of a sample.
+        """
         cfg = self.cfg
-        height, width = cfg.img_size
         n_in, n_out, dt = cfg.n_in_channels, cfg.n_out_channels, cfg.dt
-        path = self.files[file_index]
-        try:
-            fields = self._fields(file_index)
-            if n_out == n_in:
-                # One strided selection reads both states: fewer HDF5 calls than two reads.
-                pair = fields[t : t + dt + 1 : dt, :n_in, :height, :width]
-                inp, tar = pair[0], pair[1]
+        count, (height, width) = len(indices), cfg.img_size
+        if out is None:
+            if n_in == n_out:
+                both = torch.empty((2, count, n_in, height, width), dtype=torch.float32)
+                out = (both[0], both[1])
             else:
-                inp = fields[t, :n_in, :height, :width]
-                tar = fields[t + dt, :n_out, :height, :width]
-        except Exception as exc:
-            raise DataError(
-                f"{path}: cannot read '{FIELDS_KEY}' at time index {t} (target {t + dt}): {exc}"
-            ) from exc
-        inp = np.asarray(inp, dtype=np.float32)
-        tar = np.asarray(tar, dtype=np.float32)
+                out = (
+                    torch.empty((count, n_in, height, width), dtype=torch.float32),
+                    torch.empty((count, n_out, height, width), dtype=torch.float32),
+                )
+        inputs, targets = out
+        for name, tensor, channels in (("inputs", inputs, n_in), ("targets", targets, n_out)):
+            expected = (count, channels, height, width)
+            usable = tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous()
+            if tuple(tensor.shape) != expected or not usable:
+                raise ValueError(
+                    f"read_batch: out {name} must be a contiguous float32 CPU tensor of shape {expected}, "
+                    f"got {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"
+                )
+        pair_buffer = _halves_of_one_buffer(inputs, targets)
+        destinations = [pair_buffer.numpy()] if pair_buffer is not None else [inputs.numpy(), targets.numpy()]
+        # file -> its reader into each destination (a batch spans one file, or two at a year's end)
+        readers: dict[int, list[SlabReader]] = {}
+        for row, index in enumerate(indices):
+            file_index, t = self._locate(index)
+            try:
+                file_readers = readers.get(file_index)
+                if file_readers is None:
+                    fields = self._fields(file_index)
+                    file_readers = readers[file_index] = [SlabReader(fields, d) for d in destinations]
+                if pair_buffer is not None:
+                    # Input (time t) and target (t + dt) in one strided selection, into row `row` of each half.
+                    file_readers[0].read(
+                        (t, 0, 0, 0),
+                        (2, n_in, height, width),
+                        (dt, 1, 1, 1),
+                        (0, row, 0, 0, 0),
+                        (2, 1, n_in, height, width),
+                    )
+                else:
+                    for d, (time, channels) in enumerate(((t, n_in), (t + dt, n_out))):
+                        file_readers[d].read(
+                            (time, 0, 0, 0),
+                            (1, channels, height, width),
+                            (1, 1, 1, 1),
+                            (row, 0, 0, 0),
+                            (1, channels, height, width),
+                        )
+            except Exception as exc:
+                path = self.files[file_index]
+                raise DataError(
+                    f"{path}: cannot read '{FIELDS_KEY}' at time index {t} (target {t + dt}): {exc}"
+                ) from exc
         if self.normalize:
-            # In place: the arrays are fresh reads, and reusing them instead of allocating two more per sample
-            # makes the loader about 25% faster (measured by benchmarks/io_overhead.py).
-            inp -= self.means[:, None, None]
-            inp /= self.stds[:, None, None]
-            tar -= self.means[:n_out, None, None]
-            tar /= self.stds[:n_out, None, None]
-        return (
-            torch.from_numpy(np.ascontiguousarray(inp, dtype=np.float32)),
-            torch.from_numpy(np.ascontiguousarray(tar, dtype=np.float32)),
-        )
+            self._normalizer(inputs, targets)
+        return inputs, targets
 
     def device_normalization(self) -> tuple[ERA5Dataset, ChannelNormalizer | None]:
         """A view of this split that reads raw (unnormalized) samples, and the normalizer of their batches.
@@ -152,9 +198,7 @@ class ERA5Dataset(Dataset):
         # copy.copy goes through __getstate__, so the view opens its own file handles.
         raw = copy.copy(self)
         raw.normalize = False
-        n_out = self.cfg.n_out_channels
-        normalizer = ChannelNormalizer(self.means, self.stds, self.means[:n_out], self.stds[:n_out])
-        return raw, normalizer
+        return raw, self._normalizer
 
     def _fields(self, file_index: int) -> h5py.Dataset:
         """The `fields` dataset of one file, opened once per process."""
@@ -191,3 +235,15 @@ class ERA5Dataset(Dataset):
             f"crop={height}x{width}, channels in/out={self.cfg.n_in_channels}/{self.cfg.n_out_channels}, "
             f"dt={self.cfg.dt})"
         )
+
+
+def _halves_of_one_buffer(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+    """The contiguous (2, *shape) tensor whose [0] and [1] are ``inputs`` and ``targets``, if there is one."""
+    base = inputs._base
+    if base is None or base is not targets._base or inputs.shape != targets.shape:
+        return None
+    if not base.is_contiguous() or tuple(base.shape) != (2, *inputs.shape):
+        return None
+    if inputs.data_ptr() != base.data_ptr() or targets.data_ptr() != base[1].data_ptr():
+        return None
+    return base

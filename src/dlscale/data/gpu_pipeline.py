@@ -9,7 +9,9 @@ Threads and streams:
   pass starts, so order, sharding, mid-epoch resume (``set_epoch(epoch, start_step)``) and the short last batch
   are exactly those of the pytorch loader over the same sampler.
 * Batch k is read into ring slot ``k % prefetch_depth``; every sample is one task for a pool of reader threads,
-  so the samples of one batch are read in parallel, and up to ``prefetch_depth`` batches are read ahead.
+  so the samples of one batch are read in parallel, and up to ``prefetch_depth`` batches are read ahead. A data
+  set that reads whole batches (``SupportsBatchReads``, e.g. ERA5) gets one task per batch, filling the slot
+  directly.
 * The consumer's thread waits for batch k to be complete, queues its copy to the device and its normalization
   (or another device transform of the data set's, which may also get the batch's sample keys) on the side
   stream, then hands slot k's reads of batch ``k + prefetch_depth`` to the readers. Those first wait on the
@@ -41,6 +43,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, Dataset, Sampler
 
+from dlscale.data.batch_reads import SupportsBatchReads
 from dlscale.data.normalization import BatchNormalizer, SupportsDeviceNormalization
 from dlscale.runtime.device import Device
 from dlscale.runtime.transfer import CopyStream, HostFence, Transfer, bind_thread_to, host_buffer
@@ -76,9 +79,11 @@ class _Slot:
 
 @dataclass(frozen=True)
 class _ReadTask:
+    """Read samples ``indices`` into rows ``position``, ``position + 1``, ... of ``slot``."""
+
     batch_number: int
     position: int
-    index: int
+    indices: Sequence[Any]
     slot: _Slot
     slot_free: HostFence
 
@@ -92,10 +97,13 @@ class _Readers:
 
     def __init__(self, dataset: Dataset, num_threads: int, device: Device):
         self._dataset = dataset
+        # A data set that reads whole batches is given one task per batch (it reads them faster than sample by
+        # sample, and its reads hold h5py's lock anyway); others one task per sample, read in parallel.
+        self._batch_reads = isinstance(dataset, SupportsBatchReads)
         self._device = device
         self._tasks: queue.SimpleQueue[_ReadTask | None] = queue.SimpleQueue()
         self._condition = threading.Condition()
-        self._remaining: dict[int, int] = {}  # batch number -> samples still to read
+        self._remaining: dict[int, int] = {}  # batch number -> read tasks not yet done
         self._failures: dict[int, BaseException] = {}
         self._stopping = threading.Event()
         self._threads = [
@@ -109,10 +117,16 @@ class _Readers:
         self, batch_number: int, indices: Sequence[int], slot: _Slot, slot_free: HostFence
     ) -> None:
         """Queue the reads of one batch into ``slot``, to start once ``slot_free`` says its last copy is done."""
+        if self._batch_reads:
+            tasks = [_ReadTask(batch_number, 0, indices, slot, slot_free)]
+        else:
+            tasks = [
+                _ReadTask(batch_number, row, [index], slot, slot_free) for row, index in enumerate(indices)
+            ]
         with self._condition:
-            self._remaining[batch_number] = len(indices)
-        for position, index in enumerate(indices):
-            self._tasks.put(_ReadTask(batch_number, position, index, slot, slot_free))
+            self._remaining[batch_number] = len(tasks)
+        for task in tasks:
+            self._tasks.put(task)
 
     def is_ready(self, batch_number: int) -> bool:
         """Whether the batch is completely read (False if a read of it failed)."""
@@ -150,6 +164,15 @@ class _Readers:
             if thread is not current:
                 thread.join()
 
+    def _read(self, task: _ReadTask) -> None:
+        slot, first = task.slot, task.position
+        if self._batch_reads:
+            rows = slice(first, first + len(task.indices))
+            self._dataset.read_batch(task.indices, out=(slot.inputs[rows], slot.targets[rows]))
+            return
+        for row, index in enumerate(task.indices, start=first):
+            slot.write(row, index, self._dataset[index])
+
     def _work(self) -> None:
         bind_thread_to(self._device)  # its event waits then use this rank's GPU, not GPU 0
         while True:
@@ -160,8 +183,7 @@ class _Readers:
                 continue
             try:
                 task.slot_free.wait()
-                sample = self._dataset[task.index]
-                task.slot.write(task.position, task.index, sample)
+                self._read(task)
             except BaseException as exc:  # every failure must reach the consumer, not end the thread
                 with self._condition:
                     self._failures.setdefault(task.batch_number, exc)
@@ -346,13 +368,20 @@ class GpuPipeline:
         if len(sample) != 2:
             raise ValueError(f"sample {first_index} has {len(sample)} items, expected (inputs, targets)")
         inputs, targets = (torch.as_tensor(item) for item in sample)
-        self._slots = [
-            _Slot(
-                host_buffer((self.batch_size, *inputs.shape), inputs.dtype, self.device, self.pin_memory),
-                host_buffer((self.batch_size, *targets.shape), targets.dtype, self.device, self.pin_memory),
+        self._slots = [self._new_slot(inputs, targets) for _ in range(self.prefetch_depth)]
+
+    def _new_slot(self, inputs: torch.Tensor, targets: torch.Tensor) -> _Slot:
+        """A ring slot for batches of samples like (inputs, targets): the halves of one buffer when they have
+        the same shape and dtype (a data set reading batches may then fill both with one read per sample)."""
+        if inputs.shape == targets.shape and inputs.dtype == targets.dtype:
+            both = host_buffer(
+                (2, self.batch_size, *inputs.shape), inputs.dtype, self.device, self.pin_memory
             )
-            for _ in range(self.prefetch_depth)
-        ]
+            return _Slot(both[0], both[1])
+        return _Slot(
+            host_buffer((self.batch_size, *inputs.shape), inputs.dtype, self.device, self.pin_memory),
+            host_buffer((self.batch_size, *targets.shape), targets.dtype, self.device, self.pin_memory),
+        )
 
     def __repr__(self) -> str:
         return (

@@ -7,8 +7,9 @@ from typing import Literal
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, default_convert
 
+from dlscale.data.batch_reads import BatchesAsItems, SupportsBatchReads
 from dlscale.errors import InvalidValue
 
 
@@ -61,10 +62,18 @@ def build_loader(
     RNG: the model's random state (dropout) then does not depend on when epochs start, which exact resume needs.
     """
     workers = cfg.num_data_workers
+    if isinstance(dataset, SupportsBatchReads):
+        # The loader's sampler yields whole batches of keys (as its batch sampler would) and the data set
+        # reads each one at once; default_convert leaves the batch as it is, as collation would return it.
+        dataset, sampler = BatchesAsItems(dataset), BatchSampler(sampler, batch_size, drop_last=False)
+        batch_size, collate_fn = None, default_convert
+    else:
+        collate_fn = None  # torch's default_collate
     return DataLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
+        collate_fn=collate_fn,
         num_workers=workers,
         pin_memory=pin_memory_default if cfg.pin_memory is None else cfg.pin_memory,
         persistent_workers=cfg.persistent_workers and workers > 0,
