@@ -182,7 +182,10 @@ class ERA5Dataset(Dataset):
                 raise DataError(
                     f"{path}: cannot read '{FIELDS_KEY}' at time index {t} (target {t + dt}): {exc}"
                 ) from exc
-        if self.normalize:
+        if self.normalize and pair_buffer is not None:
+            # The same channels in and out, so the same statistics: both halves at once (fewer, longer passes).
+            self._normalizer.normalize_as_inputs_(pair_buffer)
+        elif self.normalize:
             self._normalizer(inputs, targets)
         return inputs, targets
 

@@ -98,9 +98,14 @@ class ChannelNormalizer:
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Normalize the batch in place and return it."""
-        inputs.sub_(self.input_means).div_(self.input_stds)
+        self.normalize_as_inputs_(inputs)
         targets.sub_(self.target_means).div_(self.target_stds)
         return inputs, targets
+
+    def normalize_as_inputs_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Normalize ``tensor`` (..., C, H, W) in place with the input statistics: e.g. inputs and targets of
+        the same channels stacked in one buffer, in one pass each for the subtraction and the division."""
+        return tensor.sub_(self.input_means).div_(self.input_stds)
 
     def __repr__(self) -> str:
         return (
