@@ -225,21 +225,26 @@ class CountingSlabReader(era5_module.SlabReader):
         super().read(*args)
 
 
-@pytest.mark.parametrize("one_buffer", [True, False])
-def test_read_batch_fills_the_tensors_it_is_given(data_root, monkeypatch, one_buffer):
+@pytest.mark.parametrize(
+    "layout, reads_per_sample",
+    [("halves of one buffer", 1), ("separate tensors", 2), ("leading rows of a larger buffer's halves", 2)],
+)
+def test_read_batch_fills_the_tensors_it_is_given(data_root, monkeypatch, layout, reads_per_sample):
     monkeypatch.setattr(era5_module, "SlabReader", CountingSlabReader)
     monkeypatch.setattr(CountingSlabReader, "reads", 0)
     ds = ERA5Dataset(make_cfg(data_root), "train")
     indices = [5, 0, 9, 2]
-    if one_buffer:
+    if layout == "halves of one buffer":
         both = torch.full((2, 4, C, H, W), float("nan"))
         out = (both[0], both[1])
-    else:
+    elif layout == "separate tensors":
         out = (torch.full((4, C, H, W), float("nan")), torch.full((4, C, H, W), float("nan")))
+    else:  # a ring slot's rows for a short last batch: targets do not follow inputs, so one read per state
+        both = torch.full((2, 6, C, H, W), float("nan"))
+        out = (both[0, :4], both[1, :4])
     got = ds.read_batch(indices, out=out)
     assert got[0] is out[0] and got[1] is out[1]
-    # Halves of one buffer: one strided read per sample fills both; separate tensors: one read per state.
-    assert CountingSlabReader.reads == (1 if one_buffer else 2) * len(indices)
+    assert CountingSlabReader.reads == reads_per_sample * len(indices)
     fresh = ds.read_batch(indices)
     assert torch.equal(got[0], fresh[0]) and torch.equal(got[1], fresh[1])
 
