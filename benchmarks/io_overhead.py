@@ -11,7 +11,8 @@
     batch), without and with normalization: where the loader's time goes between (a) and (d).
 (d) IO: dlscale's IO trial (benchy's definition: drain the training loader) of the ``demo`` config with
     ``num_data_workers=0``, so all run in one process and compare like for like. ``--data_loader_config gpu``
-    measures the gpu pipeline instead (its one reader thread at 0 workers).
+    measures the gpu pipeline instead (its one reader thread at 0 workers); ``--read_method hdf5|mmap`` sets
+    ``data.read_method`` (``auto`` maps the files on a local file system, so it usually measures ``mmap``).
 
 Every sample is read once before either measurement, so both see a warm page cache (the first to run would
 otherwise pay the disk for both), and rounds alternate raw and IO trials, so a change in the machine's load
@@ -20,7 +21,8 @@ allocator's state (whether glibc hands the freed memory of each batch back to th
 again for the next), which differs from one process to the next, so a single process can mislead.
 
 The target is IO >= 0.8 x raw: the loader's own work (normalization, tensors, batching) should cost at most a
-quarter of the read's time. Results: ``benchmarks/results/<date>-<device>-io-overhead[-gpu].json`` and ``.md``.
+quarter of the read's time. Results: ``benchmarks/results/<date>-<device>-io-overhead[-gpu][-hdf5|-mmap].json``
+and ``.md``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", default="demo", help="config whose loader is measured (default demo)")
     parser.add_argument(
         "--data_loader_config", default="pytorch", choices=["pytorch", "gpu"], help="pipeline to measure"
+    )
+    parser.add_argument(
+        "--read_method",
+        default="auto",
+        choices=["auto", "hdf5", "mmap"],
+        help="data.read_method of the loader",
     )
     parser.add_argument("--nwarmup", type=int, default=1, help="unrecorded warm-up trials")
     parser.add_argument("--ntrials", type=int, default=4, help="recorded trials per round")
@@ -172,6 +180,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             f"data.root={Path(args.data).resolve()}",
             "loader.num_data_workers=0",
             f"loader.data_loader_config={args.data_loader_config}",
+            f"data.read_method={args.read_method}",
             f"log.expdir={run_dir}",
             "log.tensorboard=false",
             f"bench.nwarmup={args.nwarmup}",
@@ -209,6 +218,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "batch_reads": batch_reads,
         "batch_reads_normalized": batch_reads_normalized,
         "io": io,
+        "read_method": dataset.read_method,  # what data.read_method resolved to
         "device": device.name,
         "device_type": device.torch.type,
         "local_batch_size": setup.local_batch_size,
@@ -275,6 +285,7 @@ def summarize(args: argparse.Namespace, argv: list[str], runs: list[dict[str, An
         "per_process": per_process,
         "config": args.config,
         "data_loader_config": args.data_loader_config,
+        "read_method": first["read_method"],
         "data": args.data,
         "num_data_workers": 0,
         **{key: first[key] for key in ("crop", "channels_in_out", "local_batch_size", "samples_per_trial")},
@@ -309,7 +320,8 @@ def markdown(result: dict[str, Any]) -> str:
     )
     header = (
         "| process | raw h5py `fields[t:t+dt+1:dt]` samples/s | raw, two reads (tutorial) samples/s "
-        f"| IO trial samples/s (`{r['config']}`, {r['data_loader_config']}, 0 workers) | IO / raw "
+        f"| IO trial samples/s (`{r['config']}`, {r['data_loader_config']} loader, {r['read_method']} reads, "
+        "0 workers) | IO / raw "
         "| IO / two reads |\n|---:|---:|---:|---:|---:|---:|\n"
     )
     median = (
@@ -358,8 +370,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ensure_data(Path(args.data))
     result = summarize(args, argv, measure_in_fresh_processes(args, argv))
-    pipeline = "" if args.data_loader_config == "pytorch" else f"-{args.data_loader_config}"
-    stem = f"{result['date'][:10]}-{result['device_type']}-io-overhead{pipeline}"
+    variant = "".join(
+        f"-{value}"
+        for value, default in ((args.data_loader_config, "pytorch"), (args.read_method, "auto"))
+        if value != default
+    )
+    stem = f"{result['date'][:10]}-{result['device_type']}-io-overhead{variant}"
     out = Path(args.out)
     write_text_atomically(out / f"{stem}.json", json.dumps(result, indent=2) + "\n")
     write_text_atomically(out / f"{stem}.md", markdown(result))

@@ -192,13 +192,18 @@ def normalized_in_numpy(field: np.ndarray, means: np.ndarray, stds: np.ndarray) 
     return (field - means[:, None, None]) / stds[:, None, None]
 
 
+@pytest.mark.parametrize("read_method", ["hdf5", "mmap"])
 @pytest.mark.parametrize("n_out", [C, 2])  # same channels: one HDF5 read per sample; else one per state
 @pytest.mark.parametrize("dt", [1, 2])
-def test_read_batch_is_the_samples_stacked_and_normalized_as_numpy_does_bitwise(tmp_path, n_out, dt):
+def test_read_batch_is_the_samples_stacked_and_normalized_as_numpy_does_bitwise(
+    tmp_path, n_out, dt, read_method
+):
     write_split(tmp_path, "train")
     means, stds = np.array([1.5, -2.25, 300.0, 5.0]), np.array([2.0, 0.3, 10.0, 7.0])
     write_stats(tmp_path, means, stds)
-    ds = ERA5Dataset(make_cfg(tmp_path, img_size=(4, 7), n_out_channels=n_out, dt=dt), "train")
+    cfg = make_cfg(tmp_path, img_size=(4, 7), n_out_channels=n_out, dt=dt, read_method=read_method)
+    ds = ERA5Dataset(cfg, "train")
+    assert ds.read_method == read_method
     # Out of order, a repeat, and samples of all three files (the first and last of each file included).
     last_of_first_file = ds.samples_per_file[0] - 1
     indices = [len(ds) - 1, 0, last_of_first_file, last_of_first_file + 1, 3, 3, len(ds) - 2]
@@ -232,7 +237,7 @@ class CountingSlabReader(era5_module.SlabReader):
 def test_read_batch_fills_the_tensors_it_is_given(data_root, monkeypatch, layout, reads_per_sample):
     monkeypatch.setattr(era5_module, "SlabReader", CountingSlabReader)
     monkeypatch.setattr(CountingSlabReader, "reads", 0)
-    ds = ERA5Dataset(make_cfg(data_root), "train")
+    ds = ERA5Dataset(make_cfg(data_root, read_method="hdf5"), "train")
     indices = [5, 0, 9, 2]
     if layout == "halves of one buffer":
         both = torch.full((2, 4, C, H, W), float("nan"))
@@ -247,6 +252,16 @@ def test_read_batch_fills_the_tensors_it_is_given(data_root, monkeypatch, layout
     assert CountingSlabReader.reads == reads_per_sample * len(indices)
     fresh = ds.read_batch(indices)
     assert torch.equal(got[0], fresh[0]) and torch.equal(got[1], fresh[1])
+
+
+@pytest.mark.parametrize("read_method", ["hdf5", "mmap"])
+def test_read_batch_fills_ring_rows_with_either_method(data_root, read_method):
+    ds = ERA5Dataset(make_cfg(data_root, read_method=read_method), "train")
+    both = torch.full((2, 6, C, H, W), float("nan"))
+    got = ds.read_batch([5, 0, 9], out=(both[0, :3], both[1, :3]))
+    expected = ds.read_batch([5, 0, 9])
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert both[:, 3:].isnan().all()  # rows past the batch untouched
 
 
 @pytest.mark.parametrize(
@@ -404,8 +419,11 @@ def test_unreadable_data_in_a_file_that_opens_is_detected_at_construction(data_r
         ERA5Dataset(make_cfg(data_root), "train")
 
 
-def test_read_error_while_training_names_file_and_time(data_root):
-    ds = ERA5Dataset(make_cfg(data_root), "train")
+@pytest.mark.parametrize("read_method", ["hdf5", "mmap"])
+def test_read_error_while_training_names_file_and_time(data_root, read_method):
+    ds = ERA5Dataset(make_cfg(data_root, read_method=read_method), "train")
+    assert ds.read_method == read_method
+    ds[0]  # files opened (and mapped) before one of them shrinks
     index = ds.samples_per_file[0] + 2  # 1991.h5, t = 2
     path = data_root / "train" / "1991.h5"
     os.truncate(path, path.stat().st_size // 2)

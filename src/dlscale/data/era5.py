@@ -37,6 +37,7 @@ from dlscale.data.era5_layout import (
     scan_split,
 )
 from dlscale.data.hdf5_slabs import SlabReader
+from dlscale.data.mapped_fields import MappedFields, choose_read_method
 from dlscale.data.normalization import ChannelNormalizer
 from dlscale.errors import DataError
 
@@ -55,8 +56,10 @@ _SPLITS: dict[str, tuple[str, str | None]] = {
 class ERA5Dataset(Dataset):
     """(input, target) tensors of shape (n_in, H, W) and (n_out, H, W) from one split of ERA5 files.
 
-    All files are checked (and closed again) at construction. Each process opens the files lazily, read-only,
-    on first use, so DataLoader workers never share an HDF5 handle, whether forked or spawned.
+    All files are checked (and closed again) at construction, where ``data.read_method`` is resolved into
+    ``read_method`` ("mmap" or "hdf5"; see :mod:`dlscale.data.mapped_fields`). Each process opens (and maps)
+    the files lazily, read-only, on first use, so DataLoader workers never share an HDF5 handle, whether
+    forked or spawned.
     """
 
     def __init__(self, cfg: ERA5DataConfig, split: str, normalize: bool = True):
@@ -93,7 +96,13 @@ class ERA5Dataset(Dataset):
             )
         self._length = available if limit is None else min(limit, available)
 
+        self.read_method, why = choose_read_method(cfg.read_method, self.files)
+        how = "through memory maps" if self.read_method == "mmap" else "through HDF5"
+        files = f"{len(self.files)} file{'s' if len(self.files) != 1 else ''}"
+        logger.info("ERA5 %s split: %s read %s (%s)", split, files, how, why)
+
         self._handles: dict[int, tuple[h5py.File, h5py.Dataset]] = {}
+        self._maps: dict[int, MappedFields] = {}
         self._handles_pid: int | None = None
 
     def __len__(self) -> int:
@@ -120,15 +129,16 @@ class ERA5Dataset(Dataset):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples ``indices`` stacked: inputs (N, n_in, H, W) and targets (N, n_out, H, W), float32.
 
-        The values of ``torch.stack([self[i] ...])``, but HDF5 writes each sample straight into its row of
-        the batch and the batch is normalized at once, with torch's threads: no array allocated per sample, no
-        collation copy, no normalization channel by channel in numpy, which together made the loader about
-        1.6 times slower (benchmarks/io_overhead.py). ``out``: C-contiguous float32 CPU tensors of those shapes
+        The values of ``torch.stack([self[i] ...])``, but each sample goes straight into its row of the batch
+        (copied out of a memory map of its file, or written there by HDF5, per ``read_method``) and the batch
+        is normalized at once, with torch's threads: no array allocated per sample, no collation copy, no
+        normalization channel by channel in numpy. ``out``: C-contiguous float32 CPU tensors of those shapes
         to fill (a ring buffer's), else new ones. When inputs and targets are the two halves of one buffer
-        (new ones are, when they have the same channels), one HDF5 call reads both states of a sample.
+        (new ones are, when they have the same channels), one HDF5 call reads both states of a sample and one
+        pass normalizes both. Speeds: benchmarks/io_overhead.py.
         """
         cfg = self.cfg
-        n_in, n_out, dt = cfg.n_in_channels, cfg.n_out_channels, cfg.dt
+        n_in, n_out = cfg.n_in_channels, cfg.n_out_channels
         count, (height, width) = len(indices), cfg.img_size
         if out is None:
             if n_in == n_out:
@@ -149,6 +159,28 @@ class ERA5Dataset(Dataset):
                     f"got {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"
                 )
         pair_buffer = _halves_of_one_buffer(inputs, targets)
+        if self.read_method == "mmap":
+            self._copy_mapped(indices, inputs, targets)
+        else:
+            self._read_hdf5(indices, inputs, targets, pair_buffer)
+        if self.normalize and pair_buffer is not None:
+            # The same channels in and out, so the same statistics: both halves at once (fewer, longer passes).
+            self._normalizer.normalize_as_inputs_(pair_buffer)
+        elif self.normalize:
+            self._normalizer(inputs, targets)
+        return inputs, targets
+
+    def _read_hdf5(
+        self,
+        indices: Sequence[int],
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        pair_buffer: torch.Tensor | None,
+    ) -> None:
+        """Raw samples into the batch rows with HDF5 calls (one per sample into ``pair_buffer``'s halves)."""
+        cfg = self.cfg
+        n_in, n_out, dt = cfg.n_in_channels, cfg.n_out_channels, cfg.dt
+        height, width = cfg.img_size
         destinations = [pair_buffer.numpy()] if pair_buffer is not None else [inputs.numpy(), targets.numpy()]
         # file -> its reader into each destination (a batch spans one file, or two at a year's end)
         readers: dict[int, list[SlabReader]] = {}
@@ -178,16 +210,31 @@ class ERA5Dataset(Dataset):
                             (1, channels, height, width),
                         )
             except Exception as exc:
-                path = self.files[file_index]
-                raise DataError(
-                    f"{path}: cannot read '{FIELDS_KEY}' at time index {t} (target {t + dt}): {exc}"
-                ) from exc
-        if self.normalize and pair_buffer is not None:
-            # The same channels in and out, so the same statistics: both halves at once (fewer, longer passes).
-            self._normalizer.normalize_as_inputs_(pair_buffer)
-        elif self.normalize:
-            self._normalizer(inputs, targets)
-        return inputs, targets
+                raise self._read_error(file_index, t, exc) from exc
+
+    def _copy_mapped(self, indices: Sequence[int], inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        """Raw samples into the batch rows, copied out of the files' memory maps (the page cache)."""
+        cfg = self.cfg
+        n_in, n_out, dt = cfg.n_in_channels, cfg.n_out_channels, cfg.dt
+        height, width = cfg.img_size
+        checked: set[int] = set()  # files whose size was checked for this batch
+        for row, index in enumerate(indices):
+            file_index, t = self._locate(index)
+            try:
+                fields = self._mapped(file_index)
+                if file_index not in checked:
+                    fields.check_size()  # a shrunken file would kill the process when read through a map
+                    checked.add(file_index)
+                inputs[row].copy_(fields.tensor[t, :n_in, :height, :width])
+                targets[row].copy_(fields.tensor[t + dt, :n_out, :height, :width])
+            except Exception as exc:
+                raise self._read_error(file_index, t, exc) from exc
+
+    def _read_error(self, file_index: int, t: int, exc: Exception) -> DataError:
+        dt = self.cfg.dt
+        return DataError(
+            f"{self.files[file_index]}: cannot read '{FIELDS_KEY}' at time index {t} (target {t + dt}): {exc}"
+        )
 
     def device_normalization(self) -> tuple[ERA5Dataset, ChannelNormalizer | None]:
         """A view of this split that reads raw (unnormalized) samples, and the normalizer of their batches.
@@ -205,11 +252,7 @@ class ERA5Dataset(Dataset):
 
     def _fields(self, file_index: int) -> h5py.Dataset:
         """The `fields` dataset of one file, opened once per process."""
-        pid = os.getpid()
-        if self._handles_pid != pid:
-            # Handles inherited through fork belong to the parent; closing them here could disturb it.
-            self._handles = {}
-            self._handles_pid = pid
+        self._forget_other_process_handles()
         cached = self._handles.get(file_index)
         if cached is None:
             handle = h5py.File(self.files[file_index], "r")
@@ -217,17 +260,35 @@ class ERA5Dataset(Dataset):
             self._handles[file_index] = cached
         return cached[1]
 
+    def _mapped(self, file_index: int) -> MappedFields:
+        """The memory map of one file's `fields`, made once per process."""
+        self._forget_other_process_handles()
+        mapped = self._maps.get(file_index)
+        if mapped is None:
+            mapped = self._maps[file_index] = MappedFields(self.files[file_index], self._fields(file_index))
+        return mapped
+
+    def _forget_other_process_handles(self) -> None:
+        pid = os.getpid()
+        if self._handles_pid != pid:
+            # Handles inherited through fork belong to the parent; closing them here could disturb it.
+            self._handles = {}
+            self._maps = {}
+            self._handles_pid = pid
+
     def close(self) -> None:
         """Close the files this process opened; later reads reopen them."""
         if self._handles_pid == os.getpid():
             for handle, _ in self._handles.values():
                 handle.close()
         self._handles = {}
+        self._maps = {}
         self._handles_pid = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_handles"] = {}
+        state["_maps"] = {}
         state["_handles_pid"] = None
         return state
 

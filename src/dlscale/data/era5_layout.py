@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import h5py
 import numpy as np
@@ -68,6 +69,9 @@ class ERA5DataConfig:
     n_out_channels: int = 20  # target channels = the first n_out of the file's channels
     limit_nsamples: int | None = None  # keep only the first N training samples
     limit_nsamples_val: int | None = None  # keep only the first N validation samples
+    # how samples are read: mmap = memory maps of contiguous float32 files (fastest), hdf5 = HDF5 calls,
+    # auto = mmap on local file systems when every file allows it (parallel file systems serve maps slowly)
+    read_method: Literal["auto", "hdf5", "mmap"] = "auto"
 
     def __post_init__(self) -> None:
         size = self.img_size
