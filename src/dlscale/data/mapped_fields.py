@@ -3,11 +3,11 @@
 An HDF5 read copies the file's bytes into the caller's memory (``pread``), after which the loader copies or
 normalizes them again. A dataset stored contiguously and without filters is a plain array at a fixed offset
 of its file, so the loader can map it and copy each sample straight out of the page cache into its batch
-row: one pass less, no HDF5 call per sample. On the demo data that reads about 2.5x faster than HDF5
-(benchmarks/io_overhead.py), with bitwise the same values.
+row: one pass less, no HDF5 call per sample. On the demo data the loader then runs about twice as fast as
+through HDF5 (benchmarks/io_overhead.py), with bitwise the same values.
 
 Memory maps fault pages in 4 KiB at a time, which parallel file systems (Lustre, GPFS, ...) serve far worse
-than HDF5's large reads, so ``read_method: auto`` maps files only on local file systems (and page caches).
+than HDF5's large reads, so ``read_method: auto`` maps files only on local file systems.
 """
 
 from __future__ import annotations
