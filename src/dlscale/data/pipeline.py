@@ -8,7 +8,9 @@
     (null = on with a GPU) makes the batches page-locked. With ``device_prefetch`` (and a GPU) a
     :class:`~dlscale.data.prefetch.DevicePrefetcher` copies the next batch on a side stream while the
     current one computes; without it, host batches are yielded and the trainer's ``device.move`` copies them
-    on the compute stream. ``prefetch_depth`` does not apply.
+    on the compute stream. ``prefetch_depth`` does not apply. A data set with ``read_batch``
+    (:class:`~dlscale.data.batch_reads.SupportsBatchReads`, e.g. ERA5) is handed whole batches of keys and
+    reads each with one call instead of being read sample by sample and collated.
 
 ``gpu`` (``dali`` is an alias: dlscale's own gpu pipeline plays DALI's role; NVIDIA DALI is not used)
     :class:`~dlscale.data.gpu_pipeline.GpuPipeline`: ``max(1, num_data_workers)`` reader threads fill a ring
