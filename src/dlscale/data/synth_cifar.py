@@ -17,14 +17,14 @@ from __future__ import annotations
 import colorsys
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from dlscale.data.cifar import BINARY_DIR, IMAGE_SIDE, RECORD_BYTES, SPLIT_FILES
-from dlscale.data.synth_output import MANIFEST, read_manifest, write_data_set
-from dlscale.errors import ConfigError, DataError
+from dlscale.data.synth_output import MANIFEST, preset_spec, read_manifest, write_data_set
+from dlscale.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -171,9 +171,7 @@ def split_bytes(spec: SynthCIFARSpec, split_index: int, count: int) -> bytes:
 
 def spec_from_preset(preset: str, seed: int | None = None) -> SynthCIFARSpec:
     """The spec of a preset, with another seed when ``seed`` is given."""
-    if preset not in PRESETS:
-        raise ConfigError(f"synth-cifar: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[preset] if seed is None else replace(PRESETS[preset], seed=seed)
+    return preset_spec("synth-cifar", PRESETS, preset, seed=seed)
 
 
 def existing_spec(out: Path) -> SynthCIFARSpec | None:

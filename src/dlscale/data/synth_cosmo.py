@@ -27,13 +27,13 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from dlscale.data.synth_output import MANIFEST, read_manifest, write_data_set
+from dlscale.data.synth_output import MANIFEST, preset_spec, read_manifest, write_data_set
 from dlscale.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -77,9 +77,7 @@ PRESETS: dict[str, SynthCosmoSpec] = {
 
 def spec_from_preset(preset: str, seed: int | None = None) -> SynthCosmoSpec:
     """A preset, with its seed replaced when ``seed`` is given."""
-    if preset not in PRESETS:
-        raise ConfigError(f"synth-cosmo: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[preset] if seed is None else replace(PRESETS[preset], seed=seed)
+    return preset_spec("synth-cosmo", PRESETS, preset, seed=seed)
 
 
 def existing_spec(out: Path) -> SynthCosmoSpec | None:

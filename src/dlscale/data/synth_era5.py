@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import h5py
@@ -23,7 +23,7 @@ import numpy as np
 
 from dlscale.data.era5 import ERA5_CHANNELS
 from dlscale.data.synth_atmosphere import Grid, SyntheticAtmosphere
-from dlscale.data.synth_output import read_manifest, write_data_set
+from dlscale.data.synth_output import preset_spec, read_manifest, write_data_set
 from dlscale.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,7 @@ PRESETS: dict[str, SynthERA5Spec] = {
 
 def spec_from_preset(preset: str, **changes: int | float | None) -> SynthERA5Spec:
     """A preset with some fields changed (``None`` values are ignored)."""
-    if preset not in PRESETS:
-        raise DataError(f"synth-era5: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    return replace(PRESETS[preset], **{k: v for k, v in changes.items() if v is not None})
+    return preset_spec("synth-era5", PRESETS, preset, DataError, **changes)
 
 
 def existing_spec(out: Path) -> SynthERA5Spec | None:

@@ -19,14 +19,14 @@ import gzip
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from dlscale.data.mnist import IMAGE_SIDE, IMAGES_MAGIC, LABELS_MAGIC, NUM_CLASSES, SPLIT_FILES
-from dlscale.data.synth_output import MANIFEST, read_manifest, write_data_set
-from dlscale.errors import ConfigError, DataError
+from dlscale.data.synth_output import MANIFEST, preset_spec, read_manifest, write_data_set
+from dlscale.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -227,9 +227,7 @@ def _write_files(partial: Path, spec: SynthMNISTSpec, report: Callable[[str], No
 
 def spec_from_preset(preset: str, seed: int | None = None) -> SynthMNISTSpec:
     """The preset's spec, with its seed replaced when ``seed`` is given."""
-    if preset not in PRESETS:
-        raise ConfigError(f"synth-mnist: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[preset] if seed is None else replace(PRESETS[preset], seed=seed)
+    return preset_spec("synth-mnist", PRESETS, preset, seed=seed)
 
 
 def generate(

@@ -10,13 +10,30 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from dlscale.errors import DataError, DlscaleError
+from dlscale.errors import ConfigError, DataError, DlscaleError
+
+Spec = TypeVar("Spec")
 
 MANIFEST = "manifest.json"
+
+
+def preset_spec(
+    command: str,
+    presets: Mapping[str, Spec],
+    preset: str,
+    error: type[DlscaleError] = ConfigError,
+    **changes: Any,
+) -> Spec:
+    """Preset ``preset`` of ``command`` (e.g. ``synth-mnist``) with the fields in ``changes`` that are not None
+    replaced; an unknown name raises ``error``, naming the presets there are."""
+    if preset not in presets:
+        raise error(f"{command}: unknown preset {preset!r}; choose one of {', '.join(presets)}")
+    return replace(presets[preset], **{k: v for k, v in changes.items() if v is not None})  # type: ignore[type-var]
 
 
 def read_manifest(out: Path, spec_type: type) -> tuple[Any, dict[str, Any]] | None:
