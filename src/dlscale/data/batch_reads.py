@@ -31,13 +31,11 @@ class SupportsBatchReads(Protocol):
 
 class BatchesAsItems(Dataset):
     """Item ``indices`` is ``dataset.read_batch(indices)``: with a batch sampler as a DataLoader's sampler (and
-    ``batch_size=None``), its workers then read whole batches, each with one call."""
+    ``batch_size=None``), its workers then read whole batches, each with one call. No ``__len__``: the loader's
+    length is its batch sampler's, and the number of samples would misstate the number of items."""
 
     def __init__(self, dataset: SupportsBatchReads):
         self.dataset = dataset
 
     def __getitem__(self, indices: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.dataset.read_batch(indices)
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
