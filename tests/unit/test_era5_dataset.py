@@ -423,8 +423,8 @@ def test_unreadable_data_in_a_file_that_opens_is_detected_at_construction(data_r
 def test_read_error_while_training_names_file_and_time(data_root, read_method):
     ds = ERA5Dataset(make_cfg(data_root, read_method=read_method), "train")
     assert ds.read_method == read_method
-    ds[0]  # files opened (and mapped) before one of them shrinks
     index = ds.samples_per_file[0] + 2  # 1991.h5, t = 2
+    ds[index]  # the file is opened (and mapped) before it shrinks
     path = data_root / "train" / "1991.h5"
     os.truncate(path, path.stat().st_size // 2)
     with pytest.raises(DataError, match=r"1991\.h5.*time index 2"):

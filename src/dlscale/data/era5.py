@@ -101,7 +101,8 @@ class ERA5Dataset(Dataset):
         files = f"{len(self.files)} file{'s' if len(self.files) != 1 else ''}"
         logger.info("ERA5 %s split: %s read %s (%s)", split, files, how, why)
 
-        self._handles: dict[int, tuple[h5py.File, h5py.Dataset]] = {}
+        # file -> (open file, its `fields`, the file's size in bytes when opened)
+        self._handles: dict[int, tuple[h5py.File, h5py.Dataset, int]] = {}
         self._maps: dict[int, MappedFields] = {}
         self._handles_pid: int | None = None
 
@@ -190,6 +191,7 @@ class ERA5Dataset(Dataset):
                 file_readers = readers.get(file_index)
                 if file_readers is None:
                     fields = self._fields(file_index)
+                    self._check_not_shrunk(file_index)
                     file_readers = readers[file_index] = [SlabReader(fields, d) for d in destinations]
                 if pair_buffer is not None:
                     # Input (time t) and target (t + dt) in one strided selection, into row `row` of each half.
@@ -223,7 +225,7 @@ class ERA5Dataset(Dataset):
             try:
                 fields = self._mapped(file_index)
                 if file_index not in checked:
-                    fields.check_size()  # a shrunken file would kill the process when read through a map
+                    self._check_not_shrunk(file_index)
                     checked.add(file_index)
                 inputs[row].copy_(fields.tensor[t, :n_in, :height, :width])
                 targets[row].copy_(fields.tensor[t + dt, :n_out, :height, :width])
@@ -255,10 +257,21 @@ class ERA5Dataset(Dataset):
         self._forget_other_process_handles()
         cached = self._handles.get(file_index)
         if cached is None:
-            handle = h5py.File(self.files[file_index], "r")
-            cached = (handle, handle[FIELDS_KEY])
+            path = self.files[file_index]
+            size = os.stat(path).st_size
+            handle = h5py.File(path, "r")
+            cached = (handle, handle[FIELDS_KEY], size)
             self._handles[file_index] = cached
         return cached[1]
+
+    def _check_not_shrunk(self, file_index: int) -> None:
+        """Raise DataError if an opened file is now smaller than when it was opened (truncated, or being
+        rewritten): HDF5 would read zeros past its end, and a memory map would read zeros or kill the process."""
+        _, _, opened_size = self._handles[file_index]
+        path = self.files[file_index]
+        size = os.stat(path).st_size
+        if size < opened_size:
+            raise DataError(f"{path}: the file shrank from {opened_size} to {size} bytes since it was opened")
 
     def _mapped(self, file_index: int) -> MappedFields:
         """The memory map of one file's `fields`, made once per process."""
@@ -279,7 +292,7 @@ class ERA5Dataset(Dataset):
     def close(self) -> None:
         """Close the files this process opened; later reads reopen them."""
         if self._handles_pid == os.getpid():
-            for handle, _ in self._handles.values():
+            for handle, _, _ in self._handles.values():
                 handle.close()
         self._handles = {}
         self._maps = {}

@@ -84,8 +84,10 @@ def file_system_type(path: Path) -> str | None:
 class MappedFields:
     """The (T, C, H, W) float32 dataset of one HDF5 file, as a read-only tensor over a memory map of the file.
 
-    Reading pages beyond the end of a file that shrank after mapping kills the process (SIGBUS) instead of
-    raising, so :meth:`check_size` compares the file with the mapped range; callers run it before each batch.
+    Reading pages beyond the end of a file that shrank after mapping kills the process (SIGBUS), and the rest
+    of a partly cut page reads as zeros, instead of raising: :meth:`check_size` compares the file with the
+    mapped range (at creation here); a reader holding the map checks before each batch that the file has not
+    shrunk (``ERA5Dataset`` does, for both of its read methods).
     """
 
     def __init__(self, path: Path, dataset: h5py.Dataset):
