@@ -3,6 +3,8 @@ over ranks, a stop reaches every rank, and a 2-rank checkpoint continues on 1 ra
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ from dlscale.commands.train import train
 from dlscale.config import load_run_config
 from dlscale.errors import ConfigError
 from dlscale.parallel.data_parallel import wrap_data_parallel
+from dlscale.perf.flops import Utilization, peak_tflops
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.train.checkpoint import load_checkpoint
@@ -161,3 +164,69 @@ def test_a_one_rank_checkpoint_continues_on_two_ranks(tiny_era5, tmp_path):
     assert [r["val_loss"] for r in actual["progress"]["history"]] == pytest.approx(
         [r["val_loss"] for r in expected["progress"]["history"]], rel=1e-5
     )
+
+
+# A device name the peak table knows, so that a CPU run reports an MFU; fp32 is the precision of these runs.
+KNOWN_GPU, KNOWN_PRECISION = "NVIDIA H100 80GB HBM3", "fp32"
+
+
+class KnownPeakAndReports(Observer):
+    """Gives the run a device of known peak (same FLOPs per sample) and keeps each epoch's report."""
+
+    def __init__(self):
+        self.flops_per_sample: float | None = None
+        self.reports: list[dict] = []
+
+    def on_train_start(self, trainer) -> None:
+        self.flops_per_sample = trainer.setup.utilization.flops_per_sample
+        trainer.setup.utilization = Utilization(self.flops_per_sample, KNOWN_GPU, KNOWN_PRECISION)
+
+    def on_epoch_end(self, trainer, report) -> None:
+        self.reports.append(
+            {
+                "steps": report.steps,
+                "train_seconds": report.train_seconds,
+                "samples_per_second": report.samples_per_second,
+                "tflops_per_gpu": report.tflops_per_gpu,
+                "mfu": report.mfu,
+            }
+        )
+
+
+def train_rank_with_known_peak(rank: int, data: Path, expdir: Path) -> tuple[int, float | None, list[dict]]:
+    observer = KnownPeakAndReports()
+    status = train(tiny(data, expdir, "train.num_epochs=2"), extra_observers=[observer])
+    return status, observer.flops_per_sample, observer.reports
+
+
+def test_two_ranks_report_global_samples_per_second_and_per_gpu_tflops_and_mfu(tiny_era5, tmp_path):
+    world_size = 2
+    results = run_ranks(world_size, train_rank_with_known_peak, tiny_era5, tmp_path)
+    assert [status for status, _, _ in results] == [0, 0]
+    global_batch = tiny(tiny_era5, tmp_path).train.global_batch_size
+    peak_flops = peak_tflops(KNOWN_GPU, KNOWN_PRECISION) * 1e12
+    _, flops_per_sample, reports = results[0]
+    assert len(reports) == 2
+    run = tmp_path / "tiny" / "00"
+    history = json.loads((run / "summary.json").read_text())["history"]
+    steps_at_epoch_end = [0] + [row["global_step"] for row in history]
+    for report, before, after in zip(reports, steps_at_epoch_end[:-1], steps_at_epoch_end[1:], strict=True):
+        assert report["steps"] == after - before > 0 and report["train_seconds"] > 0
+        # samples/s counts the global batch: every rank's samples, not only this rank's
+        assert report["samples_per_second"] * report["train_seconds"] == pytest.approx(
+            report["steps"] * global_batch, rel=1e-9
+        )
+        # TFLOP/s and MFU are those of ONE GPU: its share of the global throughput
+        per_gpu = report["samples_per_second"] / world_size
+        assert report["tflops_per_gpu"] == pytest.approx(per_gpu * flops_per_sample / 1e12, rel=1e-9)
+        assert report["mfu"] == pytest.approx(report["tflops_per_gpu"] * 1e12 / peak_flops, rel=1e-9)
+
+    keys = ("train_seconds", "samples_per_second", "tflops_per_gpu", "mfu")
+    assert [{k: row[k] for k in keys} for row in history] == [{k: r[k] for k in keys} for r in reports]
+    log = (run / "out.log").read_text()
+    logged = [
+        float(x) for x in re.findall(r"Time taken for epoch \d+ is \S+ sec, avg (\S+) samples/sec", log)
+    ]
+    assert logged == pytest.approx([r["samples_per_second"] for r in reports], abs=1e-6)  # printed with %f
+    performance = re.findall(r"Performance: (\S+) TFLOP/s per GPU, MFU (\S+)%", log)
+    assert performance == [(f"{r['tflops_per_gpu']:.4g}", f"{100 * r['mfu']:.1f}") for r in reports]

@@ -1,14 +1,16 @@
-"""The MNIST CNN workload end to end on synthetic digits: it learns, and bench, bf16, torch.compile and DDP on
-two CPU ranks run on it."""
+"""The MNIST CNN workload end to end on synthetic digits: it learns, bench and DDP on two CPU ranks run on it,
+and bf16 and torch.compile follow the eager fp32 losses."""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import torch._inductor.config as inductor_config
+from follows_eager import Losses, assert_follows_eager, train_and_keep_losses
 
 from dlscale.cli import main
 from dlscale.commands.train import train
@@ -62,19 +64,42 @@ def test_dlscale_bench_runs_on_the_cnn(tiny_mnist, tmp_path, capsys):
     assert record["FULL"]["trial_throughput"][0] > 0 and record["batch"]["local"] == 32
 
 
-@pytest.mark.parametrize("flag", ["train.amp_mode=bf16", "train.enable_jit=true"], ids=["bf16", "compiled"])
-def test_bf16_and_compiled_epochs_end_with_a_finite_loss(tiny_mnist, tmp_path, flag):
-    cfg = tiny(
-        tiny_mnist,
-        tmp_path,
-        flag,
-        "train.num_epochs=1",
-        "data.limit_nsamples=128",
-        "data.limit_nsamples_val=64",
-    )
-    assert train(cfg) == 0
-    (row,) = final_checkpoint(tmp_path)["progress"]["history"]
-    assert math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"])
+SMALL_EPOCH = ("train.num_epochs=1", "data.limit_nsamples=128", "data.limit_nsamples_val=64")  # 4 steps of 32
+
+
+@pytest.fixture(scope="module")
+def eager_losses(tiny_mnist, tmp_path_factory) -> Losses:
+    """The small epoch eagerly in fp32: what the bf16 and the compiled run are compared with."""
+    expdir = tmp_path_factory.mktemp("eager")
+    return train_and_keep_losses(tiny(tiny_mnist, expdir, *SMALL_EPOCH), expdir / "tiny" / "00")
+
+
+@pytest.mark.parametrize(
+    ("switch", "flag"),
+    [
+        pytest.param("bf16", "train.amp_mode=bf16", id="bf16"),
+        pytest.param(
+            "compiled",
+            "train.enable_jit=true",
+            id="compiled",
+            marks=pytest.mark.xfail(
+                # Seen with torch 2.13 (the CPU build CI installs); other versions run the comparison as it is.
+                torch.__version__.startswith("2.13"),
+                strict=True,
+                raises=AssertionError,
+                reason="torch 2.13 inductor on CPU: the backward of relu -> max_pool2d gives zero gradients for a "
+                "batch of 24 or more, so the compiled CNN never trains its convolutions",
+            ),
+        ),
+    ],
+)
+def test_bf16_and_compiled_epochs_follow_the_eager_losses(tiny_mnist, tmp_path, eager_losses, switch, flag):
+    cfg = tiny(tiny_mnist, tmp_path, *SMALL_EPOCH, flag)
+    # Inductor draws dropout masks with its own generator; fallback_random has it draw eager's masks, so that the
+    # comparison is of arithmetic only. (Through its own patch(): monkeypatch's undo deletes a torch config key.)
+    with inductor_config.patch(fallback_random=switch == "compiled"):
+        losses = train_and_keep_losses(cfg, tmp_path / "tiny" / "00")
+    assert_follows_eager(losses, eager_losses, switch)
 
 
 # Dropout draws its masks per rank, so only without it do 2 ranks x 16 samples compute what 1 rank x 32 does.

@@ -1,13 +1,14 @@
-"""The U-Net workload end to end on generated data: it learns, and bench, bf16, torch.compile and DDP run on it."""
+"""The U-Net workload end to end on generated data: it learns, bench and DDP run on it, and bf16 and torch.compile
+follow the eager fp32 losses."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from follows_eager import Losses, assert_follows_eager, train_and_keep_losses
 from test_training_run import StopAtStep
 
 from dlscale.cli import main
@@ -70,17 +71,21 @@ def test_dlscale_bench_runs_on_the_unet(tiny_cosmo, tmp_path, capsys):
     assert (tmp_path / "tiny" / "00" / "benchy_result.json").is_file()
 
 
-@pytest.mark.parametrize(
-    "flags",
-    [
-        pytest.param({"train.amp_mode": "bf16"}, id="bf16"),
-        pytest.param({"train.enable_jit": True}, id="compiled"),
-    ],
-)
-def test_one_tiny_epoch_with_bf16_or_torch_compile_has_a_finite_loss(tiny_cosmo, tmp_path, flags):
-    cfg = tiny(tiny_cosmo, tmp_path, "Nsamples=8", "Nsamples_val=4", "num_epochs=1", **flags)
-    (report,) = train_and_report(cfg)
-    assert report.steps == 2 and math.isfinite(report.train_loss) and math.isfinite(report.validation.loss)
+SMALL_EPOCH = ("Nsamples=8", "Nsamples_val=4", "num_epochs=1")  # 2 steps of 4
+SWITCHES = {"bf16": {"train.amp_mode": "bf16"}, "compiled": {"train.enable_jit": True}}
+
+
+@pytest.fixture(scope="module")
+def eager_losses(tiny_cosmo, tmp_path_factory) -> Losses:
+    """The small epoch eagerly in fp32: what the bf16 and the compiled run are compared with."""
+    expdir = tmp_path_factory.mktemp("eager")
+    return train_and_keep_losses(tiny(tiny_cosmo, expdir, *SMALL_EPOCH), expdir / "tiny" / "00")
+
+
+@pytest.mark.parametrize("switch", list(SWITCHES))
+def test_bf16_and_compiled_epochs_follow_the_eager_losses(tiny_cosmo, tmp_path, eager_losses, switch):
+    cfg = tiny(tiny_cosmo, tmp_path, *SMALL_EPOCH, **SWITCHES[switch])
+    assert_follows_eager(train_and_keep_losses(cfg, tmp_path / "tiny" / "00"), eager_losses, switch)
 
 
 def test_a_run_stopped_mid_epoch_resumes_onto_the_same_crops(tiny_cosmo, tmp_path):
