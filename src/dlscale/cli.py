@@ -46,6 +46,7 @@ TUTORIAL_FLAGS: dict[str, str] = {
     "expdir": "log.expdir",
     "seed": "train.seed",
     "resume": "checkpoint.resume",
+    "resume_weights_only": "checkpoint.resume_weights_only",
     "progress": "log.progress",
 }
 
@@ -114,7 +115,16 @@ def add_tutorial_flags(parser: argparse.ArgumentParser) -> None:
     own = parser.add_argument_group("run control")
     own.add_argument("--expdir", help="root of the run directories (log.expdir)")
     own.add_argument("--seed", type=int, help="random seed (train.seed)")
-    own.add_argument("--resume", help="auto (default), never, or a checkpoint file (checkpoint.resume)")
+    own.add_argument(
+        "--resume",
+        help="auto (default), never, a checkpoint file, or a run or checkpoints directory (checkpoint.resume)",
+    )
+    own.add_argument(
+        "--resume_weights_only",
+        action=argparse.BooleanOptionalAction,
+        help="start a new run from the weights of --resume PATH only: fresh optimizer, schedule and position, "
+        "and model keys may differ (checkpoint.resume_weights_only)",
+    )
     own.add_argument(
         "--progress", choices=["auto", "bar", "lines", "none"], help="progress display (log.progress)"
     )
@@ -222,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return commands.run(args)
     except DlscaleError as exc:
-        print(f"dlscale: error: {exc}", file=sys.stderr)
-        return 2
+        if not getattr(exc, "quiet", False):  # quiet: another rank printed the same error
+            print(f"dlscale: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("dlscale: interrupted", file=sys.stderr)
         return 130

@@ -1,6 +1,7 @@
 """Errors a user can fix. The CLI prints them as one clear message, without a traceback.
 
-Every message names the file, key or value at fault and says what was expected instead.
+Every message names the file, key or value at fault and says what was expected instead. Each class carries the
+exit status the CLI returns for it, so a batch script can tell the cases apart (README, "When things go wrong").
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 class DlscaleError(Exception):
     """Base class: bad input that the user can correct (config, data, checkpoint, launch)."""
+
+    exit_code = 2
 
 
 class ConfigError(DlscaleError):
@@ -33,3 +36,21 @@ class DataError(DlscaleError):
 
 class CheckpointError(DlscaleError):
     """A checkpoint cannot be read, or does not fit the model or run it is loaded into."""
+
+
+class TrainingDiverged(DlscaleError):
+    """The loss or the gradients became NaN or infinite and the divergence policy stopped the run."""
+
+    exit_code = 3
+
+
+class StorageError(DlscaleError):
+    """A file or directory cannot be written: read-only, permission denied, not a directory, disk full, quota."""
+
+    exit_code = 74  # EX_IOERR of sysexits.h
+
+
+class RunDirectoryLocked(DlscaleError):
+    """Another run holds the run directory; starting a second one there would corrupt both."""
+
+    exit_code = 75  # EX_TEMPFAIL of sysexits.h: the same command works once the other run has ended

@@ -156,3 +156,57 @@ def test_console_script_is_installed():
     assert script.is_file()
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "train" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [("optim.lr=.nan", "optim.lr"), ("optim.max_grad_norm=.inf", "optim.max_grad_norm")],
+    ids=["nan-lr", "inf-max_grad_norm"],
+)
+def test_nonfinite_optimizer_values_exit_2_with_one_line(setting, key):
+    # A NaN lr used to pass validation and end in a torch traceback; an infinite one was taken as given.
+    result = dlscale("train", "--config", "tiny", "--set", setting)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"{key}: must be a finite number" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_kill_9_during_saves_resumes_bitwise_and_leaves_no_temporary_files(tiny_era5, tmp_path):
+    # A checkpoint after every step, so that the kill lands in or near a save.
+    args = [
+        "train", "--yaml_config", str(CONFIG_FILE), "--config", "tiny", "--set", f"data.root={tiny_era5}",
+        "--set", "checkpoint.save_every_steps=1", "--progress", "none", "--set", "log.tensorboard=false",
+    ]  # fmt: skip
+    reference = dlscale(*args, "--expdir", str(tmp_path / "reference"))
+    assert reference.returncode == 0, reference.stderr
+    run = tmp_path / "killed" / "tiny" / "00"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dlscale", *args, "--expdir", str(tmp_path / "killed")],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (
+            (run / "out.log").is_file() and (run / "out.log").read_text().count("Saved checkpoint") >= 5
+        ):
+            assert process.poll() is None and time.monotonic() < deadline, (
+                "the run ended before it was killed"
+            )
+            time.sleep(0.005)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        process.kill()
+    resumed = dlscale(*args, "--expdir", str(tmp_path / "killed"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "no longer exists" in resumed.stdout  # the killed run's lock, taken over
+    assert not [p.name for p in run.rglob("*") if ".tmp-" in p.name]
+    expected = load_checkpoint(tmp_path / "reference" / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")
+    actual = load_checkpoint(run / "checkpoints" / "ckpt_latest.pt")
+    for key, value in expected["model"].items():
+        assert torch.equal(actual["model"][key], value), key

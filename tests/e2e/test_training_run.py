@@ -200,7 +200,10 @@ def test_resume_never_refuses_to_overwrite_a_checkpoint(tiny_config):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ("model.embed_dim=64", r"pos_embed: checkpoint \(1, 32, 32\) vs model \(1, 32, 64\)"),
+        ("model.embed_dim=64", r"give the saved weights another meaning \(model.embed_dim: 32 -> 64\)"),
+        # Same shapes, other meaning: each head would read other features of the saved q, k and v.
+        ("model.num_heads=2", r"another meaning \(model.num_heads: 4 -> 2\).*--resume_weights_only"),
+        ("data.n_out_channels=19", r"data.n_out_channels: 20 -> 19"),
         ("train.global_batch_size=2", "global batch size 4, this run uses 2"),
     ],
 )

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlscale.errors import CheckpointError
+from dlscale.errors import CheckpointError, StorageError
 from dlscale.runtime import rng as rng_module
 from dlscale.runtime.rng import capture_rng_state, restore_rng_state, seed_everything
 from dlscale.train import checkpoint as ckpt_module
@@ -172,7 +172,7 @@ def test_interrupt_mid_write_cleans_up(tmp_path, monkeypatch):
     assert temp_files(tmp_path) == []
 
 
-def test_os_error_during_write_becomes_checkpoint_error(tmp_path, monkeypatch):
+def test_a_full_disk_during_a_write_becomes_a_storage_error_and_keeps_the_old_file(tmp_path, monkeypatch):
     path = tmp_path / "ckpt.pt"
     save_checkpoint({"a": 1}, path)
 
@@ -180,7 +180,7 @@ def test_os_error_during_write_becomes_checkpoint_error(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(ckpt_module.torch, "save", disk_full)
-    with pytest.raises(CheckpointError, match="No space left") as err:
+    with pytest.raises(StorageError, match=r"No space left on device \(ENOSPC\); the disk is full") as err:
         save_checkpoint({"a": 2}, path)
     assert str(path) in str(err.value)
     assert load_checkpoint(path)["a"] == 1

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import textwrap
+import time
+import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -10,7 +12,13 @@ from typing import Literal
 import pytest
 
 from dlscale.config.typed import build_section, coerce, describe, section_to_dict
-from dlscale.config.yaml_source import deep_merge, parse_yaml_value, read_config_file, resolve_section
+from dlscale.config.yaml_source import (
+    MAX_EXPANDED_NODES,
+    deep_merge,
+    parse_yaml_value,
+    read_config_file,
+    resolve_section,
+)
 from dlscale.data.era5_layout import ERA5DataConfig
 from dlscale.errors import ConfigError
 from dlscale.models.vit import ViTConfig
@@ -291,6 +299,128 @@ def test_env_default_is_used_only_when_the_variable_is_unset(tmp_path, monkeypat
 def test_env_default_is_used_when_the_variable_is_empty(tmp_path, monkeypatch):
     monkeypatch.setenv("DLSCALE_TEST_ROOT", "")
     assert resolve(tmp_path, ENV_TEXT, "fallback")["data"]["root"] == "/data"
+
+
+# --------------------------------------------------------------------------------------------- aliases
+
+
+def alias_bomb(levels: int = 9, width: int = 9) -> str:
+    """A "billion laughs" config: each anchor lists the one before ``width`` times (width**levels values)."""
+    lines = ["anchors:", f"  l0: &l0 [{', '.join(['x'] * width)}]"]
+    for level in range(1, levels):
+        lines.append(f"  l{level}: &l{level} [{', '.join([f'*l{level - 1}'] * width)}]")
+    lines.append(f"base: {{data: {{root: *l{levels - 1}}}}}")
+    return "\n".join(lines) + "\n"
+
+
+def merge_bomb(levels: int, width: int = 9) -> str:
+    """Two chains of mappings whose keys alias the level below, merged with ``<<:``: merging them key by key
+    visits every path through the aliases, width**levels of them."""
+    keys = [f"k{i}" for i in range(width)]
+    lines = ["anchors:"]
+    for chain in ("p", "q"):
+        lines.append(f"  {chain}0: &{chain}0 {{{', '.join(f'{k}: x' for k in keys)}}}")
+        for level in range(1, levels):
+            values = ", ".join(f"{k}: *{chain}{level - 1}" for k in keys)
+            lines.append(f"  {chain}{level}: &{chain}{level} {{{values}}}")
+    lines.append(f"base: {{data: {{<<: [*p{levels - 1}, *q{levels - 1}]}}}}")
+    return "\n".join(lines) + "\n"
+
+
+def peak_memory_and_seconds_of(call, *args) -> tuple[str, float, float]:
+    """The ConfigError message of ``call(*args)``, the peak memory it allocated (MB) and its duration (s)."""
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        message = error_of(call, *args)
+        seconds = time.perf_counter() - started
+        peak_mb = tracemalloc.get_traced_memory()[1] / 1e6
+    finally:
+        tracemalloc.stop()
+    return message, peak_mb, seconds
+
+
+@pytest.mark.parametrize("text", [alias_bomb(), merge_bomb(levels=6)], ids=["list-aliases", "merge-keys"])
+def test_an_alias_bomb_is_refused_at_once_and_in_little_memory(tmp_path, text):
+    assert len(text) < 2048  # 9**9 = 387 million values written out, from under 2 KB
+    path = write(tmp_path, text)
+    message, peak_mb, seconds = peak_memory_and_seconds_of(read_config_file, path)
+    assert_names(message, str(path), f"more than {MAX_EXPANDED_NODES} values", "YAML aliases", "alias bomb")
+    assert peak_mb < 50, f"reading the bomb took {peak_mb:.0f} MB"
+    # A guard against blowing up (a bomb once took minutes and gigabytes), not a speed claim.
+    assert seconds < 5, f"reading the bomb took {seconds:.1f} s"
+
+
+def test_an_alias_bomb_is_refused_by_the_run_config_loader(tmp_path):
+    from dlscale.config import load_run_config
+
+    path = write(tmp_path, alias_bomb())
+    message, peak_mb, _ = peak_memory_and_seconds_of(load_run_config, path, "base")
+    assert_names(message, str(path), f"more than {MAX_EXPANDED_NODES} values")
+    assert peak_mb < 50
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("base:\n  data: &d [1, *d]\n", "base.data"),
+        ("base:\n  data: &d {root: x, again: *d}\n", "base.data"),
+        ("base: &b {data: {more: [*b]}}\n", "base"),
+    ],
+    ids=["list", "mapping", "section"],
+)
+def test_an_alias_inside_its_own_anchor_is_refused(tmp_path, text, where):
+    path = write(tmp_path, text)
+    assert_names(error_of(read_config_file, path), str(path), "a YAML alias refers to itself", where)
+
+
+def test_a_file_just_under_the_bound_loads_and_aliased_values_stay_shared(tmp_path):
+    path = write(tmp_path, alias_bomb(levels=5, width=8))  # about 80000 values written out, twice 8**5 leaves
+    data = resolve_section(read_config_file(path), "base", path)["data"]
+    assert len(data["root"]) == 8 and data["root"][0] == data["root"][7]
+    # One object per anchor, not one copy per alias: resolving costs the size of the file, not of its expansion.
+    assert data["root"][0] is data["root"][7]
+    assert data["root"][0][0] is data["root"][7][7]
+
+
+def test_merge_keys_of_aliased_mappings_merge_each_pair_once(tmp_path):
+    path = write(tmp_path, merge_bomb(levels=3))
+    data = resolve_section(read_config_file(path), "base", path)["data"]
+    assert list(data) == [f"k{i}" for i in range(9)] and data["k0"]["k8"] == {f"k{i}": "x" for i in range(9)}
+    assert data["k0"] is data["k8"]  # the merge of p1 and q1, made once
+
+
+ALIASED_TEXT = """
+    shared: &paths {root: "${DLSCALE_TEST_ROOT}", stats: "${DLSCALE_TEST_ROOT}/stats"}
+    base:
+      data: *paths
+      extra: [*paths, {inner: *paths}]
+    merged:
+      data:
+        <<: *paths
+        stats: /elsewhere
+"""
+
+
+def test_env_variables_are_expanded_in_an_aliased_mapping_used_several_times(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLSCALE_TEST_ROOT", "/scratch/era5")
+    base = resolve(tmp_path, ALIASED_TEXT, "base")
+    expanded = {"root": "/scratch/era5", "stats": "/scratch/era5/stats"}
+    assert base["data"] == expanded
+    assert base["extra"] == [expanded, {"inner": expanded}]
+    merged = resolve(tmp_path, ALIASED_TEXT, "merged")
+    assert merged["data"] == {"root": "/scratch/era5", "stats": "/elsewhere"}
+    path = write(tmp_path, ALIASED_TEXT)
+    document = read_config_file(path)
+    resolve_section(document, "base", path)
+    assert document["shared"]["root"] == "${DLSCALE_TEST_ROOT}"  # expanding made copies, the file stays
+
+
+def test_an_unset_variable_in_an_aliased_mapping_names_where_it_was_met_first(tmp_path, monkeypatch):
+    monkeypatch.delenv("DLSCALE_TEST_ROOT", raising=False)
+    path = write(tmp_path, ALIASED_TEXT)
+    message = error_of(resolve_section, read_config_file(path), "base", path)
+    assert_names(message, str(path), "'base'", "key data.root", "DLSCALE_TEST_ROOT", "is not set")
 
 
 # --------------------------------------------------------------------------------------------- coercion

@@ -14,6 +14,7 @@ from dlscale.config.run_config import SECTION_ORDER, flat_key_homes, section_cla
 from dlscale.config.yaml_source import read_config_file
 from dlscale.errors import ConfigError
 from dlscale.parallel.layout import ParallelConfig
+from dlscale.train.optim import OptimConfig
 from dlscale.train.schedule import scaled_lr
 
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
@@ -254,6 +255,33 @@ def test_model_parallel_sizes_load_and_bad_ones_name_their_key(tmp_path):
 def test_semantic_checks_name_file_and_key(tmp_path, overrides, fragments):
     message, path = load_error(tmp_path, MINIMAL, overrides=overrides)
     assert_names(message, str(path), "[config 'base']", *fragments)
+
+
+# YAML's spellings, and text that YAML leaves a string but the float fields read as a number like "5E-4".
+NON_FINITE_SPELLINGS = [".nan", ".NaN", ".inf", "-.inf", "nan", "inf", "-inf", "1e999"]
+
+
+@pytest.mark.parametrize("value", NON_FINITE_SPELLINGS)
+@pytest.mark.parametrize("key", ["lr", "end_lr", "eps", "weight_decay", "max_grad_norm"])
+def test_non_finite_optimizer_values_are_refused(tmp_path, key, value):
+    message, path = load_error(tmp_path, MINIMAL, overrides=[f"optim.{key}={value}"])
+    assert_names(message, str(path), "[config 'base']", f"optim.{key}", "must be a finite number")
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_non_finite_optimizer_values_in_the_file_are_refused(tmp_path, value):
+    message, path = load_error(tmp_path, MINIMAL + f"  optim: {{lr: 1e-3, max_grad_norm: {value}}}\n")
+    assert_names(message, str(path), "[config 'base']", "optim.max_grad_norm", "must be a finite number")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize(
+    "name", ["lr", "eps", "weight_decay", "momentum", "rho", "lr_gamma", "end_lr", "max_grad_norm", "betas"]
+)
+def test_every_float_of_the_optimizer_must_be_finite(name, bad):
+    value = (0.9, bad) if name == "betas" else bad
+    with pytest.raises(ConfigError, match=f"^{name}: .*finite number"):
+        OptimConfig(**{name: value})
 
 
 # --------------------------------------------------------------------------------------------- output

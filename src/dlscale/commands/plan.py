@@ -11,7 +11,6 @@ do not fit, then those the model cannot be split into, each with its reason. Not
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import textwrap
 from pathlib import Path
@@ -22,6 +21,7 @@ from dlscale.errors import InvalidValue
 from dlscale.perf.layout_cost import GIB, Layout, ModelShape, TrainingSettings, count_parameters_per_gpu
 from dlscale.perf.memory_plan import LayoutEstimate, Plan, model_shape_of, plan, tutorial_comparisons
 from dlscale.runtime.atomic_files import write_text_atomically
+from dlscale.runtime.strict_json import to_json
 
 DEFAULT_GPU_MEMORY_GB = 80.0
 
@@ -72,7 +72,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         print(line)
     if args.json is not None:
         document = plan_document(result, shape, settings, cfg.name, cfg.source)
-        write_text_atomically(args.json, json.dumps(document, indent=2) + "\n")
+        write_text_atomically(args.json, to_json(document))
         print(f"JSON {args.json}")
     return 0
 

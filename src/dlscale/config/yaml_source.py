@@ -8,6 +8,10 @@ nested mapping to its default; for nested configs that is never what the author 
 
 Values are read with a safe loader that also reads ``5E-4`` and ``1e-3`` as numbers (YAML 1.1, and so plain
 PyYAML, reads them as strings) and expands ``${VAR}`` / ``${VAR:-default}`` in strings.
+
+An alias (``*name``) does not copy its anchor's value: it refers to it, so a file of a few lines can nest
+aliases into a value of billions of items ("billion laughs"). Reading refuses a file whose values, with every
+alias written out, would exceed :data:`MAX_EXPANDED_NODES`, and aliased values stay shared when resolved.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from dlscale.errors import ConfigError
 
 INHERIT_KEY = "extends"
 
+# Real configs hold a few hundred values; a hundred thousand leaves room for long lists (e.g. of file names)
+# while refusing an alias bomb long before it costs noticeable memory or time.
+MAX_EXPANDED_NODES = 100_000
+
 # YAML 1.2 floats: a mantissa with or without a dot, and an optional exponent with or without a sign.
 _FLOAT_PATTERN = re.compile(
     r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
@@ -43,29 +51,53 @@ class ConfigLoader(yaml.SafeLoader):
 
     def flatten_mapping(self, node: yaml.MappingNode) -> None:
         super().flatten_mapping(node)
-        node.value = _deep_merge_node_pairs(node.value)
+        node.value = _deep_merge_node_pairs(node.value, {})
 
 
-def _deep_merge_node_pairs(pairs: list[tuple[yaml.Node, yaml.Node]]) -> list[tuple[yaml.Node, yaml.Node]]:
-    """After a ``<<`` merge, later pairs override earlier ones; merge them when both values are mappings."""
+MergedNodes = dict[tuple[int, int], yaml.MappingNode]
+
+
+def _deep_merge_node_pairs(
+    pairs: list[tuple[yaml.Node, yaml.Node]], merged_nodes: MergedNodes
+) -> list[tuple[yaml.Node, yaml.Node]]:
+    """After a ``<<`` merge, later pairs override earlier ones; merge them when both values are mappings.
+
+    ``merged_nodes`` holds each merge of two mapping nodes made so far, by their ids: two anchors whose keys
+    alias the same deeper anchors would otherwise be merged once per path through them, which grows
+    exponentially with the depth of the aliases (a "billion laughs" through ``<<:``).
+    """
     merged: dict[Any, tuple[yaml.Node, yaml.Node]] = {}
     order: list[Any] = []
     for key_node, value_node in pairs:
         key = key_node.value if isinstance(key_node, yaml.ScalarNode) else id(key_node)
         if key in merged:
             previous = merged[key][1]
-            if isinstance(previous, yaml.MappingNode) and isinstance(value_node, yaml.MappingNode):
-                value_node = yaml.MappingNode(
-                    value_node.tag,
-                    _deep_merge_node_pairs(previous.value + value_node.value),
-                    previous.start_mark,
-                    value_node.end_mark,
-                    value_node.flow_style,
-                )
+            if (
+                isinstance(previous, yaml.MappingNode)
+                and isinstance(value_node, yaml.MappingNode)
+                and previous is not value_node  # a mapping merged with itself is itself
+            ):
+                value_node = _merged_mapping_node(previous, value_node, merged_nodes)
         else:
             order.append(key)
         merged[key] = (key_node, value_node)
     return [merged[key] for key in order]
+
+
+def _merged_mapping_node(
+    previous: yaml.MappingNode, override: yaml.MappingNode, merged_nodes: MergedNodes
+) -> yaml.MappingNode:
+    # merged_nodes keeps both nodes alive (through the merged node's pairs), so their ids stay unique.
+    identity = (id(previous), id(override))
+    if identity not in merged_nodes:
+        merged_nodes[identity] = yaml.MappingNode(
+            override.tag,
+            _deep_merge_node_pairs(previous.value + override.value, merged_nodes),
+            previous.start_mark,
+            override.end_mark,
+            override.flow_style,
+        )
+    return merged_nodes[identity]
 
 
 # Replace the YAML 1.1 float resolver with the YAML 1.2 one.
@@ -127,6 +159,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             document = yaml.load(handle, Loader=ConfigLoader)  # noqa: S506 - ConfigLoader is a SafeLoader
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    _check_expanded_size(document, path)
     if not isinstance(document, dict) or not document:
         raise ConfigError(f"{path}: expected a mapping of config names (base, short, ...) to config sections")
     for name, section in document.items():
@@ -135,6 +168,46 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
                 f"{path}: config {name!r} must be a mapping of keys, got {type(section).__name__}"
             )
     return document
+
+
+def _check_expanded_size(document: Any, source: str | Path) -> None:
+    """Refuse a document that is huge once its aliases are written out, or that contains itself.
+
+    PyYAML builds an alias as a second reference to its anchor's object, so the document is a graph. Its
+    expanded size is summed with one visit per distinct object (memoized by id), which keeps this check
+    linear in the size of the file however deeply aliases nest.
+    """
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()
+
+    def expanded_size(value: Any, key_path: tuple[str, ...]) -> int:
+        if not isinstance(value, (dict, list)):
+            return 1
+        identity = id(value)
+        if identity in sizes:
+            return sizes[identity]
+        if identity in visiting:
+            where = ".".join(key_path) or "the top level"
+            raise ConfigError(
+                f"{source}: a YAML alias refers to itself (at {where}: an alias *name inside the value of its "
+                "own anchor &name, e.g. `a: &a [*a]`, makes a value that contains itself, without end)"
+            )
+        visiting.add(identity)
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        total = 1
+        for key, item in items:
+            total += expanded_size(item, (*key_path, str(key)))
+            if total > MAX_EXPANDED_NODES:
+                raise ConfigError(
+                    f"{source}: expands to more than {MAX_EXPANDED_NODES} values through YAML aliases "
+                    f"(*name references to an &name anchor), at {'.'.join(key_path) or 'the top level'}; "
+                    "a config file this large is almost certainly an alias bomb or a mistake"
+                )
+        visiting.discard(identity)
+        sizes[identity] = total
+        return total
+
+    expanded_size(document, ())
 
 
 Normalizer = Callable[[dict[str, Any], str], dict[str, Any]]
@@ -148,13 +221,16 @@ def resolve_section(
     ``normalize(section, config_name)`` rewrites each config's own keys before it is merged with its parents
     (the run config uses it to put flat tutorial-style keys into their sections, so that a child may override
     a parent's key whichever style either is written in).
+
+    A value reached through several YAML aliases is one shared object in the result, as in the file: copy
+    it before changing it in place.
     """
     if name not in document:
         raise ConfigError(
             f"{source}: no config named {name!r}{did_you_mean(name, document)}; it has: {', '.join(document)}"
         )
     merged = _resolve(document, name, source, (), normalize or (lambda section, _: section))
-    return _expand_env(merged, source, name, path="")
+    return _expand_env(merged, source, name)
 
 
 def _resolve(
@@ -191,26 +267,45 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return result
 
 
-def _expand_env(value: Any, source: str | Path, section: str, path: str) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: _expand_env(v, source, section, f"{path}.{k}" if path else str(k)) for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_expand_env(v, source, section, path) for v in value]
-    if not isinstance(value, str) or "${" not in value:
-        return value
+def _expand_env(document: dict[str, Any], source: str | Path, section: str) -> dict[str, Any]:
+    """``document`` with ``${VAR}`` expanded in every string (a new document; the input is not changed).
 
-    def substitute(match: re.Match[str]) -> str:
-        variable, default = match.group(1), match.group(2)
-        value = os.environ.get(variable)
-        if value or (value is not None and default is None):
+    Each distinct dict and list is expanded once (memoized by id), so a value reached through several YAML
+    aliases stays one shared object rather than one copy per alias; an error names the key path where the
+    value was reached first.
+    """
+    expanded: dict[int, Any] = {}
+
+    def expand(value: Any, path: str) -> Any:
+        if isinstance(value, (dict, list)) and id(value) in expanded:
+            return expanded[id(value)]
+        # Each copy is registered before its items are expanded, so that a value containing itself ends too.
+        if isinstance(value, dict):
+            mapping: dict[Any, Any] = {}
+            expanded[id(value)] = mapping
+            for key, item in value.items():
+                mapping[key] = expand(item, f"{path}.{key}" if path else str(key))
+            return mapping
+        if isinstance(value, list):
+            items: list[Any] = []
+            expanded[id(value)] = items
+            items.extend(expand(item, path) for item in value)
+            return items
+        if not isinstance(value, str) or "${" not in value:
             return value
-        if default is not None:  # as in the shell, ${VAR:-default} also replaces a variable set to ""
-            return default
-        raise ConfigError(
-            f"{source}: config {section!r}, key {path}: environment variable {variable} is not set "
-            f"(set it, or write ${{{variable}:-default}} in the file)"
-        )
+        return _ENV_PATTERN.sub(lambda match: _substitute(match, source, section, path), value)
 
-    return _ENV_PATTERN.sub(substitute, value)
+    return expand(document, "")
+
+
+def _substitute(match: re.Match[str], source: str | Path, section: str, path: str) -> str:
+    variable, default = match.group(1), match.group(2)
+    value = os.environ.get(variable)
+    if value or (value is not None and default is None):
+        return value
+    if default is not None:  # as in the shell, ${VAR:-default} also replaces a variable set to ""
+        return default
+    raise ConfigError(
+        f"{source}: config {section!r}, key {path}: environment variable {variable} is not set "
+        f"(set it, or write ${{{variable}:-default}} in the file)"
+    )

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -54,6 +54,12 @@ class CIFARDataConfig:
     resize: int | None = None  # bilinear resize to resize x resize (the demo: 224); null keeps 32x32
     limit_nsamples: int | None = None  # keep only the first N training samples
     limit_nsamples_val: int | None = None  # keep only the first N validation samples
+    check_finite: bool = (
+        False  # stop at the first batch holding NaN/inf, naming its file and sample (a sync per batch)
+    )
+
+    # Fine and coarse labels give the classifier's outputs another meaning (see resume.py).
+    WEIGHT_DEFINING_KEYS: ClassVar[tuple[str, ...]] = ("label",)
 
     def __post_init__(self) -> None:
         if not all(s > 0 for s in self.std):
@@ -248,6 +254,10 @@ class CIFARDataset(Dataset):
     def class_counts(self) -> np.ndarray:
         """Samples per class."""
         return np.bincount(self.labels, minlength=self.num_classes)
+
+    def describe_sample(self, index: int, epoch: int = 0) -> str:
+        """Where sample ``index`` lives, for error messages (see :mod:`dlscale.data.finite_check`)."""
+        return f"record {index} of {self.path}"
 
     def __repr__(self) -> str:
         side = self.cfg.image_size[0]

@@ -30,7 +30,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import h5py
 import numpy as np
@@ -65,6 +65,12 @@ class CosmoDataConfig:
     rotate_vectors: bool = True  # rotate velocity components with the volume (false: the tutorial's way)
     input_vector_channels: list[int] = field(default_factory=lambda: [1, 2, 3])  # Nbody's vx, vy, vz
     target_vector_channels: list[int] = field(default_factory=lambda: [2, 3, 4])  # Hydro's vx, vy, vz
+    check_finite: bool = (
+        False  # stop at the first batch holding NaN/inf, naming its file and sample (a sync per batch)
+    )
+
+    # Keys that change what the model's weights mean; a resumed run refuses to change them (see resume.py).
+    WEIGHT_DEFINING_KEYS: ClassVar[tuple[str, ...]] = ("N_in_channels", "N_out_channels")
 
     def __post_init__(self) -> None:
         for name in ("data_size", "Nsamples", "Nsamples_val", "N_in_channels", "N_out_channels"):
@@ -237,6 +243,12 @@ class CosmoCropDataset(Dataset):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._handle_lock = threading.Lock()
+
+    def describe_sample(self, index: int, epoch: int = 0) -> str:
+        """Where sample ``index`` of ``epoch`` is cut, for error messages (see :mod:`dlscale.data.finite_check`)."""
+        key = EpochIndex(epoch, index) if self.samples_depend_on_epoch else index
+        corner, _ = self.planner.plan(key)
+        return f"file {self.file}, {self.cfg.data_size}^3 crop at corner {corner}"
 
     def __repr__(self) -> str:
         d = self.cfg.data_size

@@ -305,6 +305,11 @@ class ERA5Dataset(Dataset):
         state["_handles_pid"] = None
         return state
 
+    def describe_sample(self, index: int, epoch: int = 0) -> str:
+        """Where sample ``index`` lives, for error messages (see :mod:`dlscale.data.finite_check`)."""
+        path, t = self.location(index)
+        return f"file {path}, input time index {t}, target time index {t + self.cfg.dt}"
+
     def __repr__(self) -> str:
         height, width = self.cfg.img_size
         return (

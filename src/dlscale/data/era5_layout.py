@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import h5py
 import numpy as np
@@ -72,6 +72,12 @@ class ERA5DataConfig:
     # how samples are read: mmap = memory maps of contiguous float32 files (fastest), hdf5 = HDF5 calls,
     # auto = mmap on local file systems when every file allows it (parallel file systems serve maps slowly)
     read_method: Literal["auto", "hdf5", "mmap"] = "auto"
+    check_finite: bool = (
+        False  # stop at the first batch holding NaN/inf, naming its file and sample (a sync per batch)
+    )
+
+    # Keys that change what the model's weights mean; a resumed run refuses to change them (see resume.py).
+    WEIGHT_DEFINING_KEYS: ClassVar[tuple[str, ...]] = ("img_size", "n_in_channels", "n_out_channels")
 
     def __post_init__(self) -> None:
         size = self.img_size

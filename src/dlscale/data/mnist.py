@@ -54,6 +54,9 @@ class MNISTDataConfig:
     std: float = 0.3081  # pixel standard deviation, on the [0, 1] scale
     limit_nsamples: int | None = None  # keep only the first N training samples
     limit_nsamples_val: int | None = None  # keep only the first N validation samples
+    check_finite: bool = (
+        False  # stop at the first batch holding NaN/inf, naming its file and sample (a sync per batch)
+    )
 
     def __post_init__(self) -> None:
         if not self.std > 0:
@@ -204,6 +207,10 @@ class MNISTDataset(Dataset):
         raw = object.__new__(MNISTDataset)
         raw.__dict__.update(self.__dict__, normalize=False)  # shares the decoded arrays
         return raw, PixelNormalizer(self.cfg.mean, self.cfg.std)
+
+    def describe_sample(self, index: int, epoch: int = 0) -> str:
+        """Where sample ``index`` lives, for error messages (see :mod:`dlscale.data.finite_check`)."""
+        return f"image {index} of {self.files[0]}"
 
     def __repr__(self) -> str:
         return f"MNISTDataset(split={self.split!r}, samples={len(self)}, files={self.files[0].parent})"

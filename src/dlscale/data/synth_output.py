@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dlscale.errors import ConfigError, DataError, DlscaleError
+from dlscale.runtime.strict_json import to_json
 
 Spec = TypeVar("Spec")
 
@@ -65,7 +66,7 @@ def write_data_set(
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     manifest = fill(partial)
-    (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (partial / MANIFEST).write_text(to_json(manifest))
     if out.exists():  # a previous data set of this generator (checked above), or an empty directory
         shutil.rmtree(out)
     partial.rename(out)

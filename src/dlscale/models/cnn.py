@@ -10,6 +10,7 @@ so its saved ``mnist_cnn.pt`` state dict loads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,9 @@ class CNNConfig:
 
     dropout1: float = 0.25  # after the max-pool, on the convolutional features
     dropout2: float = 0.5  # after fc1, on the 128 hidden features
+
+    # Keys a resumed run may change: they do not change what the saved weights mean (see resume.py).
+    RESUME_SAFE_KEYS: ClassVar[tuple[str, ...]] = ("dropout1", "dropout2")
 
     def __post_init__(self) -> None:
         for name in ("dropout1", "dropout2"):

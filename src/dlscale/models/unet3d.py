@@ -17,7 +17,7 @@ The crop edge must be divisible by 2^levels (64 with full_scale, 32 without), so
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -39,6 +39,9 @@ class UNetConfig:
     )  # the tutorial's mapping: every conv weight ~ N(0, conv_scale), bias = conv_bias
     lambda_rho: float = 0.0  # weight of L1(exp(14 pred_0), exp(14 target_0)) added to the L1 loss
     channels_last: bool = True  # keep weights and activations channels-last (NDHWC): 2x faster on CPU
+
+    # Keys a resumed run may change: they do not change what the saved weights mean (see resume.py).
+    RESUME_SAFE_KEYS: ClassVar[tuple[str, ...]] = ("weight_init", "lambda_rho", "channels_last")
 
     def __post_init__(self) -> None:
         if self.base_channels < 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,9 @@ class ViTConfig:
     qkv_bias: bool = True
     # epsilon of every LayerNorm
     norm_eps: float = 1e-6
+
+    # Keys a resumed run may change: they do not change what the saved weights mean (see resume.py).
+    RESUME_SAFE_KEYS: ClassVar[tuple[str, ...]] = ("dropout",)
 
     def __post_init__(self) -> None:
         for name in ("embed_dim", "depth", "num_heads", "patch_size"):

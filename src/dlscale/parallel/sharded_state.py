@@ -181,8 +181,19 @@ def _is_moment(value: Any, shape: tuple[int, ...], spec: ShardSpec | None) -> bo
     return spec is not None and torch.is_tensor(value) and value.ndim > 0 and tuple(value.shape) == shape
 
 
+def gradient_norm_sharded(model: nn.Module) -> torch.Tensor:
+    """The serial model's total gradient norm (L2, as a device tensor), without changing the gradients.
+
+    Read by the divergence guard, which must see a NaN or infinite gradient before the update applies it.
+    """
+    named = [(name, p) for name, p in model.named_parameters() if p.grad is not None]
+    if not named:
+        return torch.zeros(())
+    return _total_norm(named, shard_specs(model))
+
+
 def clip_grad_norm_sharded(model: nn.Module, max_norm: float) -> torch.Tensor:
-    """Clip the gradients to a total norm of ``max_norm``, the norm being the serial model's.
+    """Clip the gradients to a total norm of ``max_norm``, the norm being the serial model's; return the norm.
 
     A shard's squared norm is summed over the ranks holding the other shards; replicated parameters count once.
     With no sharded parameters this is ``torch.nn.utils.clip_grad_norm_``.
@@ -193,6 +204,16 @@ def clip_grad_norm_sharded(model: nn.Module, max_norm: float) -> torch.Tensor:
     named = [(name, p) for name, p in model.named_parameters() if p.grad is not None]
     if not named:
         return torch.zeros(())
+    norm = _total_norm(named, specs)
+    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    factor = float(scale) if any(_is_dtensor(p.grad) for _, p in named) else scale  # DTensors take a number
+    for _, param in named:
+        param.grad.detach().mul_(factor if isinstance(factor, float) else factor.to(param.grad.dtype))
+    return norm
+
+
+def _total_norm(named: list[tuple[str, nn.Parameter]], specs: dict[str, ShardSpec]) -> torch.Tensor:
+    """sqrt of the sum of every gradient's squares, each shard's summed over the ranks holding the others."""
     device = named[0][1].grad.device
     replicated = torch.zeros((), dtype=torch.float32, device=device)
     sharded: dict[Any, torch.Tensor] = {}
@@ -210,17 +231,13 @@ def clip_grad_norm_sharded(model: nn.Module, max_norm: float) -> torch.Tensor:
     total = replicated.clone()
     for key, partial in sharded.items():
         total += all_reduce_sum(partial, groups[key]) if group_size(groups[key]) > 1 else partial
-    norm = total.sqrt()
-    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    factor = float(scale) if any(_is_dtensor(p.grad) for _, p in named) else scale  # DTensors take a number
-    for _, param in named:
-        param.grad.detach().mul_(factor if isinstance(factor, float) else factor.to(param.grad.dtype))
-    return norm
+    return total.sqrt()
 
 
 __all__ = [
     "ShardSpec",
     "clip_grad_norm_sharded",
+    "gradient_norm_sharded",
     "full_model_state",
     "full_optimizer_state",
     "local_model_state",

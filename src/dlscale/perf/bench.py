@@ -19,7 +19,6 @@ and writes files (benchy's rule); the verdict is drawn from rank 0's timings.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +47,7 @@ from dlscale.perf.monitor import MetricsSampler, summarize
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.distributed import barrier
 from dlscale.runtime.gpu_metrics import open_gpu_backend
+from dlscale.runtime.strict_json import to_json
 
 log = logging.getLogger("dlscale.bench")
 
@@ -303,7 +303,7 @@ def run_benchmark(
         path = Path(output_path) if output_path is not None else Path(run_dir) / bench.output_filename
         path = path.expanduser()
         log.info("BENCHY::INFO::Message: Writing JSON output to %s.", path)
-        write_text_atomically(path, json.dumps(record, indent=2) + "\n")
+        write_text_atomically(path, to_json(record))
         results = {name: (t.mean, t.std) for name, t in tests.items()}
         title = f"dlscale bench {setup.config.name} on {setup.device.name}: {verdict.kind}"
         log.info(

@@ -9,7 +9,6 @@ trainer's writer purges events past the resumed step, a step axis that means not
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from dlscale.perf.monitor import NO_GPU_MESSAGE, MetricsSampler, Sample, build_r
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.distributed import is_distributed
 from dlscale.runtime.gpu_metrics import GpuReading, open_gpu_backend
+from dlscale.runtime.strict_json import to_json
 from dlscale.train.observer import EpochReport, Observer
 
 log = logging.getLogger("dlscale.monitor")
@@ -233,7 +233,7 @@ class MonitorObserver(Observer):
             document = {**self.report.to_json(), "ranks": {k: vars(v) for k, v in ranks.spreads.items()}}
             document["slowest_rank"] = ranks.slowest_rank
             path = Path(setup.run_dir) / "monitor" / "efficiency.json"
-            write_text_atomically(path, json.dumps(document, indent=2, default=str))
+            write_text_atomically(path, to_json(document, default=str))
         self.close()
 
     def close(self) -> None:

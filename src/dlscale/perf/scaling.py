@@ -32,6 +32,7 @@ from matplotlib.ticker import ScalarFormatter
 
 from dlscale.errors import DlscaleError
 from dlscale.runtime.atomic_files import write_text_atomically
+from dlscale.runtime.strict_json import to_json
 
 log = logging.getLogger("dlscale.scaling")
 
@@ -309,7 +310,7 @@ def write_scaling_outputs(study: ScalingStudy, out_dir: Path) -> dict[str, Path]
     )
     date = datetime.now().astimezone().isoformat(timespec="seconds")
     document = {"kind": SCALING_KIND, **asdict(study), "title": study.title, "table": table, "date": date}
-    write_text_atomically(paths["json"], json.dumps(document, indent=2) + "\n")
+    write_text_atomically(paths["json"], to_json(document))
     figure = scaling_figure(study)
     FigureCanvasAgg(figure)  # the Agg canvas draws without a display (and without pyplot's global state)
     figure.savefig(paths["png"], dpi=110, format="png")

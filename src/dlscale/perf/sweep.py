@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from dlscale.perf.bench_plot import throughput_figure
 from dlscale.perf.bench_report import TEST_NAMES
 from dlscale.report.figures import save_png
 from dlscale.runtime.atomic_files import write_text_atomically
+from dlscale.runtime.strict_json import to_json
 
 log = logging.getLogger("dlscale.bench")
 
@@ -197,7 +197,7 @@ def write_sweep_outputs(
         "table": table,
     }
     paths = {"json": json_path, "table": json_path.with_suffix(".md"), "plot": json_path.with_suffix(".png")}
-    write_text_atomically(paths["json"], json.dumps(document, indent=2) + "\n")
+    write_text_atomically(paths["json"], to_json(document))
     write_text_atomically(paths["table"], f"# {title}\n\n" + "\n".join(table) + "\n")
     save_png(sweep_figure(rows, title), paths["plot"])
     return paths

@@ -95,6 +95,10 @@ class ProgressReporter(Observer):
     def on_epoch_end(self, trainer, report: EpochReport) -> None:
         self._close_bar()
 
+    def on_rollback(self, trainer, divergence) -> None:
+        self._close_bar()  # the next epoch start opens one at the restored position
+        self.on_train_start(trainer)  # the rate and ETA count from the restored step
+
     def on_train_end(self, trainer, outcome: str) -> None:
         self._close_bar()
 

@@ -7,7 +7,9 @@ The directory does not depend on the number of ranks, so a requeued job finds it
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +36,16 @@ class LogConfig:
     tensorboard: bool = True  # write TensorBoard scalars and images
     image_channel: str | None = None  # channel of the prediction-vs-target image; null: the workload's choice
     rank_logs: bool = False  # every other rank also logs, to <run>/ranks/rank<N>.log (for debugging)
+    # A requeued job (same Slurm job id) whose previous run still holds the run directory waits this long for it
+    lock_wait_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not self.run_num or "/" in self.run_num:
             raise InvalidValue("run_num", f"must be a non-empty name without '/', got {self.run_num!r}")
         if self.progress_interval_s <= 0:
             raise InvalidValue("progress_interval_s", f"must be > 0, got {self.progress_interval_s}")
+        if not 0 <= self.lock_wait_s < float("inf"):
+            raise InvalidValue("lock_wait_s", f"must be a number of seconds >= 0, got {self.lock_wait_s}")
 
 
 def setup_rank_logging(cfg: LogConfig, run_dir: Path, process: Any) -> None:
@@ -68,6 +74,26 @@ class _TqdmAwareHandler(logging.StreamHandler):
             self.handleError(record)
 
 
+class _LogFileHandler(logging.FileHandler):
+    """A log file that, when it can no longer be written (full disk, quota), says so once and steps aside.
+
+    logging's default prints a traceback to stderr for every record that fails, which on a full disk buries the
+    one message that matters; the run itself then fails with a plain message at its next checkpoint.
+    """
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        reason = f"{os.strerror(exc.errno)}" if isinstance(exc, OSError) and exc.errno else str(exc)
+        print(
+            f"dlscale: cannot write the log file {self.baseFilename}: {reason}; logging goes on to the "
+            "console only",
+            file=sys.stderr,
+        )
+        logging.getLogger(LOGGER_NAME).removeHandler(self)
+        with contextlib.suppress(Exception):
+            self.close()
+
+
 def setup_logging(log_file: Path | None, enabled: bool = True, console: bool = True) -> logging.Logger:
     """Log to stdout (unless ``console`` is false) and ``log_file`` in the tutorials' format;
     ``enabled=False`` silences this process (warnings and errors still reach the console)."""
@@ -84,7 +110,7 @@ def setup_logging(log_file: Path | None, enabled: bool = True, console: bool = T
         logger.addHandler(stream)
     if log_file is not None and enabled:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(log_file)
+        file_handler = _LogFileHandler(log_file)
         file_handler.setFormatter(formatter)
         logger.addHandler(file_handler)
     return logger

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 from pathlib import Path
@@ -13,6 +12,8 @@ import torch
 from dlscale import __version__
 from dlscale.report.figures import loss_curve_figure, prediction_figure, save_png
 from dlscale.runtime.atomic_files import write_text_atomically
+from dlscale.runtime.strict_json import to_json
+from dlscale.train.divergence import divergence_message
 from dlscale.train.observer import EpochReport, Observer
 
 log = logging.getLogger("dlscale.train")
@@ -38,13 +39,21 @@ class RunSummary(Observer):
     def on_epoch_end(self, trainer, report: EpochReport) -> None:
         self.last = report
 
+    def on_rollback(self, trainer, divergence) -> None:
+        if self.last is not None and self.last.epoch > trainer.progress.epoch:
+            self.last = None  # an epoch that the rollback undid
+
     def on_train_end(self, trainer, outcome: str) -> None:
         setup, p = trainer.setup, trainer.progress
+        if trainer.guard.divergence is not None:
+            outcome = "diverged"  # also when the save of a stopped run found its weights diverged
         figures = self._write_figures(trainer)
         summary = self.summary(trainer, outcome, figures)
         path = self.run_dir / "summary.json"
-        write_text_atomically(path, json.dumps(summary, indent=2) + "\n")
+        write_text_atomically(path, to_json(summary))
         final = summary["final"]
+        if outcome == "diverged":
+            log.error("%s", divergence_message(trainer.guard.divergence, setup))
         if outcome == "stopped":
             next_step = (
                 "Run the same command again to resume."
@@ -127,6 +136,9 @@ class RunSummary(Observer):
             "train_seconds": sum(row["train_seconds"] for row in p.history),
             "throughput_samples_per_second": mean_throughput(p.history),
             "best": {"epoch": p.best_epoch, "val_loss": p.best_val_loss},
+            "divergence": trainer.guard.divergence.to_dict() if trainer.guard.divergence else None,
+            "skipped_steps": p.skipped_steps,
+            "rollbacks": p.rollbacks,
             "final": final,
             "history": p.history,
             "figures": [str(f) for f in figures],

@@ -31,6 +31,11 @@ class TensorBoardReporter(Observer):
         # checkpoint is saved) and belong to the history this run continues.
         self.writer = SummaryWriter(str(self.directory), purge_step=trainer.progress.global_step + 1)
 
+    def on_rollback(self, trainer, divergence) -> None:
+        # The steps after the checkpoint are trained again: hide what the diverged attempt wrote for them.
+        self.on_train_end(trainer, "rolled back")
+        self.on_train_start(trainer)
+
     def on_epoch_end(self, trainer, report: EpochReport) -> None:
         writer, step = self.writer, trainer.progress.global_step
         validation = report.validation

@@ -25,10 +25,13 @@ def write_atomically(path: Path, fill: Callable[[Path], None]) -> None:
     try:
         fill(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         # A preemption mid-write must not leave a multi-GB temporary file behind either.
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename == str(tmp):
+            # Name the file the user knows, not the temporary one that no longer exists.
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     fsync_directory(path.parent)
 

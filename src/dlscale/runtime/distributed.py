@@ -59,6 +59,32 @@ def stop_process_group(wait_for_others: bool = True) -> None:
         dist.destroy_process_group()
 
 
+def share_from_main(problem: DlscaleError | None, device: Device) -> DlscaleError | None:
+    """Rank 0's ``problem`` (e.g. the run directory is locked), on every rank; None when it had none.
+
+    Sent as the exit status and the message's UTF-8 bytes (never pickled). The other ranks get an error marked
+    ``quiet``: rank 0 already prints it, and N ranks printing the same line helps nobody.
+    """
+    if not is_distributed():
+        return problem
+    text = str(problem).encode() if problem is not None else b""
+    code = problem.exit_code if problem is not None else 0
+    header = torch.tensor([code, len(text)], dtype=torch.int64, device=device.torch)
+    dist.broadcast(header, src=0)
+    code, length = (int(v) for v in header.tolist())
+    if code == 0:
+        return None
+    payload = torch.tensor(list(text), dtype=torch.uint8) if text else torch.zeros(length, dtype=torch.uint8)
+    payload = payload.to(device.torch)
+    dist.broadcast(payload, src=0)
+    if dist.get_rank() == 0:
+        return problem
+    shared = DlscaleError(f"rank {dist.get_rank()}: {bytes(payload.cpu().tolist()).decode(errors='replace')}")
+    shared.exit_code = code
+    shared.quiet = True
+    return shared
+
+
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -75,13 +101,24 @@ def average_across_ranks(tensor: torch.Tensor) -> torch.Tensor:
     return total / dist.get_world_size()
 
 
-def any_rank(flag: bool, device: Device) -> bool:
+def any_rank(flag: bool, device: Device | torch.device) -> bool:
     """True if ``flag`` is true on any rank (every rank must call this at the same point)."""
     if not is_distributed():
         return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=device.torch)
+    target = device.torch if isinstance(device, Device) else device
+    value = torch.tensor([1.0 if flag else 0.0], device=target)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
+
+
+def min_across_ranks(value: float, device: Device | torch.device) -> float:
+    """The smallest of ``value`` over all ranks (every rank must call this at the same point)."""
+    if not is_distributed():
+        return value
+    target = device.torch if isinstance(device, Device) else device
+    tensor = torch.tensor([value], dtype=torch.float64, device=target)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return float(tensor.item())
 
 
 def sum_across_ranks_(tensor: torch.Tensor, group: Any = None) -> None:

@@ -23,6 +23,7 @@ import torch
 
 from dlscale.errors import CheckpointError, InvalidValue
 from dlscale.runtime.atomic_files import write_atomically, write_synced
+from dlscale.runtime.storage import as_storage_error
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -70,7 +71,8 @@ def save_checkpoint(payload: Mapping[str, Any], path: str | Path) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CheckpointError(f"{path}: cannot create the checkpoint directory: {exc}") from exc
+        storage = as_storage_error(exc, path.parent, "cannot create the checkpoint directory")
+        raise storage or CheckpointError(f"{path}: cannot create the checkpoint directory: {exc}") from exc
     _write_atomically(path, lambda tmp: write_synced(tmp, lambda f: torch.save(document, f)))
     return path
 
@@ -150,11 +152,22 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
 
 
 def _write_atomically(path: Path, fill: Callable[[Path], None]) -> None:
-    """Atomically (see :mod:`dlscale.runtime.atomic_files`), with write errors reported as CheckpointError."""
+    """Atomically (see :mod:`dlscale.runtime.atomic_files`), with write errors in plain words.
+
+    A full disk, a quota, a read-only or forbidden directory become a StorageError naming the file (torch.save
+    reports them as a RuntimeError with the OSError only in its context); the previous file is unchanged.
+    """
     try:
         write_atomically(path, fill)
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot write the checkpoint: {exc}") from exc
+    except (OSError, RuntimeError) as exc:
+        storage = as_storage_error(
+            exc, path, "cannot write the checkpoint (the previous one, if any, is unchanged)"
+        )
+        if storage is not None:
+            raise storage from exc
+        if isinstance(exc, OSError):
+            raise CheckpointError(f"{path}: cannot write the checkpoint: {exc}") from exc
+        raise
 
 
 def _check_weights_only_safe(value: Any, path: Path, where: str = "payload") -> None:
@@ -310,6 +323,12 @@ class CheckpointDir:
             if match and entry.is_file():
                 found.append((int(match.group(1)), entry))
         return [p for _, p in sorted(found)]
+
+    def other_checkpoints(self, include_latest: bool = False) -> list[Path]:
+        """The checkpoint files present besides latest (or with it): best, then numbered ones, newest first."""
+        candidates = [self.latest_path] if include_latest else []
+        candidates += [self.best_path, *reversed(self.numbered_paths())]
+        return [path for path in candidates if path.is_file()]
 
     def has_checkpoint(self) -> bool:
         """Whether there is a latest checkpoint to resume from."""

@@ -1,10 +1,16 @@
-"""When a run writes checkpoints: every N epochs (and N steps), at the end, and when it is asked to stop."""
+"""When a run writes checkpoints: every N epochs (and N steps), at the end, and when it is asked to stop.
+
+Never from a diverged state: before each save the trainer's non-finite record is read, and the gathered
+weights and optimizer state are checked for NaN and inf, so the last good checkpoint is never replaced.
+"""
 
 from __future__ import annotations
 
 import logging
 
 from dlscale.train.checkpoint import CheckpointDir
+from dlscale.train.divergence import Divergence
+from dlscale.train.nonfinite import first_nonfinite
 from dlscale.train.observer import EpochReport, Observer
 from dlscale.train.resume import CheckpointConfig, training_payload
 
@@ -15,17 +21,30 @@ class CheckpointObserver(Observer):
     """Writes the latest (and best) checkpoint at the configured points; never twice for one step.
 
     It runs on every rank, because gathering the shards of a model-parallel run is a collective; only the rank
-    with ``write`` set (rank 0) writes the file.
+    with ``write`` set (rank 0) writes the file. ``save_at_start`` writes one before the first step of a fresh
+    run, so that the divergence policy ``rollback`` always has a checkpoint to go back to.
     """
 
-    def __init__(self, cfg: CheckpointConfig, checkpoints: CheckpointDir, write: bool = True):
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        checkpoints: CheckpointDir,
+        write: bool = True,
+        save_at_start: bool = False,
+    ):
         self.cfg = cfg
         self.checkpoints = checkpoints
         self.write = write
+        self.save_at_start = save_at_start
         self.saved_at_step: int | None = None
 
     def save(self, trainer, is_best: bool = False, why: str = "") -> None:
+        if not trainer.guard.check():
+            return  # diverged since the last check: the trainer stops or rolls back; the last good one stays
         payload = training_payload(trainer)
+        nonfinite = first_nonfinite({"model": payload["model"], "optimizer": payload["optimizer"]})
+        if trainer.guard.reject_state(nonfinite):
+            return
         self.saved_at_step = trainer.progress.global_step
         if not self.write:
             return
@@ -35,6 +54,8 @@ class CheckpointObserver(Observer):
 
     def on_train_start(self, trainer) -> None:
         self.saved_at_step = trainer.progress.global_step if trainer.progress.global_step else None
+        if self.save_at_start and trainer.setup.resumed_from is None and trainer.progress.global_step == 0:
+            self.save(trainer, why=" (the initial weights: a divergence can roll back to them)")
 
     def on_step_end(self, trainer, loss) -> None:
         every = self.cfg.save_every_steps
@@ -47,6 +68,9 @@ class CheckpointObserver(Observer):
         scheduled = report.is_last or report.epoch % self.cfg.save_every_epochs == 0
         if scheduled or (report.is_best and self.cfg.keep_best):
             self.save(trainer, is_best=report.is_best)
+
+    def on_rollback(self, trainer, divergence: Divergence) -> None:
+        self.saved_at_step = trainer.progress.global_step
 
     def on_train_end(self, trainer, outcome: str) -> None:
         if outcome == "stopped" and self.saved_at_step != trainer.progress.global_step:

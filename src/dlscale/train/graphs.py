@@ -97,7 +97,7 @@ class GraphedTrainStep(TrainStep):
         self.set_lr(global_step)
         self.optimizer.zero_grad(set_to_none=False)
         loss = self.forward_backward(inputs, targets)
-        self.update()
+        self.update(loss)
         return loss.detach()
 
     def _capture(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:

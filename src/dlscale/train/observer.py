@@ -14,6 +14,7 @@ import torch
 from dlscale.train.evaluate import EvalSummary
 
 if TYPE_CHECKING:
+    from dlscale.train.divergence import Divergence
     from dlscale.train.trainer import Trainer
 
 
@@ -75,5 +76,10 @@ class Observer:
     def on_epoch_end(self, trainer: Trainer, report: EpochReport) -> None:
         """After validation; ``trainer.progress`` already points at the next epoch."""
 
+    def on_rollback(self, trainer: Trainer, divergence: Divergence) -> None:
+        """After the divergence policy ``rollback`` reloaded the last good checkpoint: ``trainer.progress`` is
+        back at its position (steps after it will be trained again) and the LR is lower."""
+
     def on_train_end(self, trainer: Trainer, outcome: str) -> None:
-        """``outcome`` is "finished", or "stopped" after a signal (then the position is mid-run)."""
+        """``outcome`` is "finished", "stopped" after a signal (then the position is mid-run), or "diverged"
+        (``trainer.divergence`` says where; nothing may be saved then)."""

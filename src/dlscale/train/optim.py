@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_type_hints
 
 import torch
 
@@ -33,6 +34,14 @@ class OptimConfig:
     max_grad_norm: float | None = None  # clip the gradient norm to this value; null = no clipping
 
     def __post_init__(self) -> None:
+        # First, so that a NaN is named as such: every comparison with NaN is False, so `lr: .nan` would
+        # pass the range checks below and fail later inside torch, and an infinite lr would pass them too.
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise InvalidValue(name, f"must be a finite number, got {value}")
+        if not all(math.isfinite(b) for b in self.betas):
+            raise InvalidValue("betas", f"each must be a finite number, got {list(self.betas)}")
         if self.lr <= 0:
             raise InvalidValue("lr", f"must be > 0, got {self.lr}")
         if not all(0.0 <= b < 1.0 for b in self.betas):
@@ -60,6 +69,12 @@ class OptimConfig:
             raise InvalidValue("base_batch_size", f"must be >= 1, got {self.base_batch_size}")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise InvalidValue("max_grad_norm", f"must be > 0 or null, got {self.max_grad_norm}")
+
+
+# Read from the annotations, so that a float field added later is checked too (betas, a pair, has its own check).
+_FLOAT_FIELDS = tuple(
+    name for name, hint in get_type_hints(OptimConfig).items() if hint in (float, float | None)
+)
 
 
 def build_optimizer(

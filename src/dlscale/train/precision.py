@@ -58,6 +58,12 @@ class Precision:
             self.scaler.step(optimizer)
             self.scaler.update()
 
+    def skip_update(self) -> None:
+        """Leave this step's update out (the divergence policy ``skip``); fp16's scaler still closes its step,
+        lowering its scale as for an overflow."""
+        if self.scaler is not None:
+            self.scaler.update()
+
     def wrap_inference(self, forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
         """``forward`` run under this autocast, returning fp32 predictions (for validation)."""
         if self.dtype is None:

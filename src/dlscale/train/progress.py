@@ -24,6 +24,9 @@ class TrainProgress:
     best_val_loss: float | None = None
     best_epoch: int | None = None  # 1-based epoch that reached best_val_loss
     completed: bool = False  # the run trained all its steps
+    skipped_steps: int = 0  # steps whose update the divergence policy "skip" left out, in the whole run
+    epoch_skipped_steps: int = 0  # of those, in the current epoch (their losses are not in epoch_loss_sum)
+    rollbacks: int = 0  # times the divergence policy "rollback" went back to the last good checkpoint
     history: list[dict[str, Any]] = field(default_factory=list)  # one row of results per finished epoch
 
     def to_dict(self) -> dict[str, Any]:

@@ -36,6 +36,9 @@ class LRSchedule:
     actually trained: it reaches ``end_lr`` at step ``total_steps``, right after the last trained step (as torch's
     CosineAnnealingLR with T_max = total steps, so no step is wasted at LR end_lr). The reference used
     T_max = ``num_iters``, which its whole-epoch rounding never reached.
+
+    ``scale`` multiplies every LR: the divergence policy ``rollback`` lowers it after each rollback, and
+    checkpoints keep it, so a resumed run goes on with the lowered LR.
     """
 
     peak_lr: float
@@ -45,6 +48,7 @@ class LRSchedule:
     kind: str = "cosine"
     step_size: int = 1  # kind "step": steps between two multiplications by gamma
     gamma: float = 1.0  # kind "step": the factor
+    scale: float = 1.0  # multiplies the whole schedule (lowered by rollbacks after a divergence)
 
     def __post_init__(self) -> None:
         if self.kind not in ("cosine", "constant", "step"):
@@ -54,6 +58,9 @@ class LRSchedule:
 
     def lr_at(self, step: int) -> float:
         """The LR used by optimizer step ``step`` (0-based)."""
+        return self.scale * self._unscaled_lr_at(step)
+
+    def _unscaled_lr_at(self, step: int) -> float:
         if step < self.warmup:
             return self.peak_lr * (step + 1) / self.warmup
         if self.kind == "constant":
@@ -75,6 +82,8 @@ class LRSchedule:
         }
         if self.kind == "step":  # only then do they matter (and older checkpoints compare equal)
             state.update(step_size=self.step_size, gamma=self.gamma)
+        if self.scale != 1.0:  # likewise: only a run that rolled back has one
+            state["scale"] = self.scale
         return state
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from dlscale.config.run_config import RunConfig
+from dlscale.data.finite_check import FiniteCheckedBatches
 from dlscale.data.pipeline import BatchSource, build_batch_source
 from dlscale.data.sampler import EvaluationSampler, TrainingSampler
 from dlscale.errors import ConfigError
@@ -57,8 +58,9 @@ class TrainingSetup:
     global_batch_size: int
     local_batch_size: int
     train_sampler: TrainingSampler
-    train_loader: BatchSource  # yields batches on the device (see dlscale.data.pipeline)
-    valid_loader: BatchSource
+    # yield batches on the device (see dlscale.data.pipeline), checked for NaN/inf with data.check_finite
+    train_loader: BatchSource | FiniteCheckedBatches
+    valid_loader: BatchSource | FiniteCheckedBatches
     evaluator: Any
     checkpoints: CheckpointDir
     precision: Precision
@@ -97,6 +99,11 @@ def build_training(
     if hasattr(workload, "configured"):  # a workload whose loss or metrics take parameters from the config
         workload = workload.configured(cfg.model, cfg.data)
     check_device_support(cfg, device, process)
+    if cfg.train.on_nonfinite == "rollback" and not cfg.checkpoint.enabled:
+        raise ConfigError(
+            f"{cfg.source} [config {cfg.name!r}]: train.on_nonfinite 'rollback' reloads the last good checkpoint, "
+            "and checkpoint.enabled is false; enable checkpoints or choose 'stop' or 'skip'"
+        )
     device.configure(cfg.train.deterministic, tf32=cfg.train.tf32)
     checkpoints = CheckpointDir(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
     # Fails early, before reading any data.
@@ -143,7 +150,15 @@ def build_training(
         else (TrainStep, {})
     )
     step = step_class(
-        model, workload.loss, optimizer, schedule, cfg.optim.max_grad_norm, precision, forward, **extra
+        model,
+        workload.loss,
+        optimizer,
+        schedule,
+        cfg.optim.max_grad_norm,
+        precision,
+        forward,
+        skip_nonfinite=cfg.train.on_nonfinite == "skip",
+        **extra,
     )
 
     # Data is sharded over dp only: every rank of one model replica reads the same samples.
@@ -157,6 +172,9 @@ def build_training(
     valid_loader = build_batch_source(
         valid_set, cfg.loader, local_batch, valid_sampler, device, seed=cfg.train.seed + 1
     )
+    if getattr(cfg.data, "check_finite", False):
+        train_loader = FiniteCheckedBatches(train_loader, sampler, train_set, "training", local_batch)
+        valid_loader = FiniteCheckedBatches(valid_loader, valid_sampler, valid_set, "validation", local_batch)
 
     setup = TrainingSetup(
         config=cfg,
@@ -190,7 +208,32 @@ def build_training(
     if resume_from is not None:
         setup.progress = restore_training(setup, resume_from)  # restores the RNG last, right before training
         setup.resumed_from = resume_from
+        continue_with_new_length(setup.progress, plan)
     return setup
+
+
+def continue_with_new_length(progress: TrainProgress, plan: EpochPlan) -> None:
+    """A resumed run follows this config's length: a finished run trains on when it asks for more epochs, and
+    a run that asks for no more than it has trained counts as finished."""
+    if progress.completed and plan.num_epochs > progress.epoch:
+        log.info(
+            "The run finished %d epochs (global step %d); this config asks for %d, so it trains on to step %d. "
+            "The LR schedule now spans %d steps",
+            progress.epoch,
+            progress.global_step,
+            plan.num_epochs,
+            plan.total_steps,
+            plan.total_steps,
+        )
+        progress.completed = False
+    elif not progress.completed and progress.global_step >= plan.total_steps and progress.step_in_epoch == 0:
+        log.info(
+            "The run has trained %d epochs (global step %d), as many as this config asks for (%d)",
+            progress.epoch,
+            progress.global_step,
+            plan.num_epochs,
+        )
+        progress.completed = True
 
 
 @contextlib.contextmanager
@@ -278,7 +321,9 @@ def describe_setup(setup: TrainingSetup) -> list[str]:
     if setup.utilization is not None:
         u = setup.utilization
         lines.append(f"FLOPs: {u.flops_per_sample / 1e9:.4g} GFLOP per training sample; {u.describe()}")
-    if setup.resumed_from is not None:
+    if setup.resumed_from is not None and setup.config.checkpoint.resume_weights_only:
+        lines.append(f"Initial weights from {setup.resumed_from} (weights only: a new run from step 0)")
+    elif setup.resumed_from is not None:
         p = setup.progress
         lines.append(
             f"Resuming from {setup.resumed_from}: epoch {p.epoch + 1}, step {p.step_in_epoch} of the epoch "

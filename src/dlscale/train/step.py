@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from dlscale.parallel.sharded_state import clip_grad_norm_sharded
+from dlscale.parallel.sharded_state import clip_grad_norm_sharded, gradient_norm_sharded
+from dlscale.runtime.distributed import any_rank
 from dlscale.train.precision import Precision
 from dlscale.train.schedule import LRSchedule
 
@@ -36,6 +37,11 @@ class TrainStep:
 
     ``model`` owns the parameters; ``forward`` (default: the model) computes predictions and may be its
     ``torch.compile``-d form. ``markers`` names the forward/backward/optimizer phases for profilers.
+
+    ``skip_nonfinite`` (the divergence policy ``skip``) checks the loss and the gradient norm before the update
+    and leaves the weights and the optimizer state untouched when either is NaN or infinite, as fp16's
+    GradScaler does for overflows; that check is a host sync every step. Under fp16 the scaler keeps handling
+    gradient overflows itself (they are routine while it finds its scale), so only the loss is checked.
     """
 
     def __init__(
@@ -48,6 +54,7 @@ class TrainStep:
         precision: Precision | None = None,
         forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
         markers: Any = NO_MARKERS,
+        skip_nonfinite: bool = False,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -57,6 +64,11 @@ class TrainStep:
         self.precision = precision or Precision("none", _device_of(model))
         self.forward = model if forward is None else forward
         self.markers = markers
+        self.skip_nonfinite = skip_nonfinite
+        self.last_grad_norm: torch.Tensor | None = (
+            None  # of the last step, where clipping or skipping computed it
+        )
+        self.skipped = False  # the last step's update was skipped (skip_nonfinite and a NaN/inf value)
 
     def set_lr(self, global_step: int) -> None:
         lr = self.schedule.lr_at(global_step)
@@ -67,7 +79,7 @@ class TrainStep:
         self.set_lr(global_step)
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.forward_backward(inputs, targets)
-        self.update()
+        self.update(loss)
         return loss.detach()
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -83,14 +95,29 @@ class TrainStep:
             self.precision.backward(loss)
         return loss
 
-    def update(self) -> None:
-        """Unscale (fp16), clip, and apply the gradients."""
+    def update(self, loss: torch.Tensor | None = None) -> None:
+        """Unscale (fp16), clip, and apply the gradients (unless ``skip_nonfinite`` finds ``loss`` or them
+        not finite)."""
         with self.markers.range("optimizer"):
             self.precision.unscale(self.optimizer)
+            self.last_grad_norm = None
             if self.max_grad_norm is not None:
                 # The serial model's gradient norm, also when tensor parallelism shards the parameters.
-                clip_grad_norm_sharded(self.model, self.max_grad_norm)
+                self.last_grad_norm = clip_grad_norm_sharded(self.model, self.max_grad_norm)
+            elif self.skip_nonfinite and self.precision.scaler is None:
+                self.last_grad_norm = gradient_norm_sharded(self.model)
+            self.skipped = self.skip_nonfinite and loss is not None and not self._finite(loss)
+            if self.skipped:
+                self.precision.skip_update()
+                return
             self.precision.step(self.optimizer)
+
+    def _finite(self, loss: torch.Tensor) -> bool:
+        """Whether this step's loss (and gradient norm) are finite on every rank: all ranks skip alike."""
+        finite = torch.isfinite(loss.detach())
+        if self.last_grad_norm is not None and self.precision.scaler is None:
+            finite = finite & torch.isfinite(self.last_grad_norm.to(finite.device))
+        return not any_rank(not bool(finite), loss.device)
 
 
 def _device_of(model: torch.nn.Module):

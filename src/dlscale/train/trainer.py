@@ -8,6 +8,8 @@ tell the observers again. Logging, progress, TensorBoard and checkpoints are obs
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,11 +20,14 @@ import torch
 from dlscale.errors import InvalidValue
 from dlscale.runtime.distributed import any_rank, average_across_ranks
 from dlscale.runtime.signals import StopRequest
+from dlscale.train.divergence import DivergenceGuard
 from dlscale.train.evaluate import evaluate
 from dlscale.train.observer import EpochReport, Observer
 
 if TYPE_CHECKING:
     from dlscale.train.setup import TrainingSetup
+
+log = logging.getLogger("dlscale.train")
 
 
 @dataclass
@@ -45,6 +50,14 @@ class TrainConfig:
     cuda_graphs: bool = False  # capture forward + loss + backward (and the optimizer step) in a CUDA graph
     graph_warmup_steps: int = 20  # eager steps on a side stream before capture (the tutorial uses 20)
     deterministic: bool = False  # deterministic kernels on GPUs (slower); CPU runs are deterministic anyway
+    # What a NaN or infinite loss/gradient does (README, "When things go wrong"): stop the run without saving
+    # over the last good checkpoint; skip the update (a host sync every step); or roll back to that checkpoint
+    # and lower the LR.
+    on_nonfinite: Literal["stop", "skip", "rollback"] = "stop"
+    nonfinite_check_every: int = 10  # steps between reads of the device's non-finite flag (one sync each)
+    max_skipped_steps: int = 10  # skip: the run stops as diverged after more skipped updates than this
+    max_rollbacks: int = 3  # rollback: the run stops as diverged when it diverges again after this many
+    rollback_lr_factor: float = 0.5  # rollback: multiplies the LR (the whole schedule) at each rollback
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "local_batch_size", "num_iters", "num_epochs"):
@@ -55,6 +68,19 @@ class TrainConfig:
             raise InvalidValue("num_iters", "set num_iters or num_epochs (both are null)")
         if self.graph_warmup_steps < 1:
             raise InvalidValue("graph_warmup_steps", f"must be >= 1, got {self.graph_warmup_steps}")
+        if self.nonfinite_check_every < 1:
+            raise InvalidValue("nonfinite_check_every", f"must be >= 1, got {self.nonfinite_check_every}")
+        for name in ("max_skipped_steps", "max_rollbacks"):
+            if getattr(self, name) < 0:
+                raise InvalidValue(name, f"must be >= 0, got {getattr(self, name)}")
+        if not (math.isfinite(self.rollback_lr_factor) and 0.0 < self.rollback_lr_factor <= 1.0):
+            raise InvalidValue("rollback_lr_factor", f"must be in (0, 1], got {self.rollback_lr_factor}")
+        if self.cuda_graphs and self.on_nonfinite != "stop":
+            raise InvalidValue(
+                "on_nonfinite",
+                f"{self.on_nonfinite!r} cannot be combined with cuda_graphs: a captured step can neither decide "
+                "on the host to skip its update nor take reloaded optimizer state; use 'stop' with graphs",
+            )
         if self.cuda_graphs and self.enable_jit:
             raise InvalidValue(
                 "cuda_graphs",
@@ -64,27 +90,39 @@ class TrainConfig:
 
 
 class Trainer:
-    """The epoch loop. Everything optional (logs, progress, TensorBoard, checkpoints) is an observer."""
+    """The epoch loop. Everything optional (logs, progress, TensorBoard, checkpoints) is an observer; what a NaN
+    or inf does is the :class:`~dlscale.train.divergence.DivergenceGuard`'s business."""
 
     def __init__(self, setup: TrainingSetup, observers: list[Observer], stop: StopRequest | None = None):
         self.setup = setup
         self.progress = setup.progress
         self.observers = observers
         self.stop = stop or StopRequest()
+        self.guard = DivergenceGuard(setup, self.progress)
         self._pending_loss: torch.Tensor | None = None  # device-side sum of losses not yet in progress
         self.last_fetch_seconds = 0.0  # host time the last batch took to arrive (for monitors)
 
     def fit(self) -> str:
-        """Train until the plan is done ("finished") or a stop is requested ("stopped")."""
-        plan, p = self.setup.plan, self.progress
+        """Train until the plan is done ("finished"), a stop is requested ("stopped") or the loss diverges
+        beyond what ``train.on_nonfinite`` recovers from ("diverged")."""
+        plan, p, guard = self.setup.plan, self.progress, self.guard
         self._notify("on_train_start")
         while p.epoch < plan.num_epochs and not self._stop_agreed(at_boundary=True):
             self._notify("on_epoch_start")
             steps, seconds = self._train_epoch()
-            if self._stop_agreed(at_boundary=True):
-                break
-            self._finish_epoch(steps, seconds)
-        outcome = "finished" if p.completed else "stopped"
+            if guard.divergence is None:
+                if self._stop_agreed(at_boundary=True):
+                    break
+                self._finish_epoch(steps, seconds)
+            if guard.divergence is not None:
+                recovered = guard.roll_back()
+                if recovered is None:
+                    break
+                self._pending_loss = None  # the restored position has its own sum
+                self._notify("on_rollback", recovered)
+        if not p.completed:
+            guard.check()  # a stopped run saves its position next: not if it diverged since the last check
+        outcome = "diverged" if guard.divergence else "finished" if p.completed else "stopped"
         self._notify("on_train_end", outcome)
         return outcome
 
@@ -103,15 +141,16 @@ class Trainer:
                 with s.markers.range(f"step {p.global_step}"):
                     loss = s.step(s.device.move(batch[0]), s.device.move(batch[1]), p.global_step)
                     loss = average_across_ranks(loss)  # the logged loss is the global batch's
-                self._pending_loss = (
-                    loss.double() if self._pending_loss is None else self._pending_loss + loss
-                )
+                if self.guard.record_step(loss):  # a skipped update's loss is not in the epoch's average
+                    self._add_to_epoch_loss(loss)
                 p.step_in_epoch += 1
                 p.global_step += 1
                 p.samples_seen += s.global_batch_size
                 steps += 1
                 self._notify("on_step_end", loss)
-                if p.step_in_epoch >= last_step or self._stop_agreed():
+                if self.guard.due() or p.step_in_epoch >= last_step:
+                    self.guard.check()  # always at the epoch's end: validation and its save need sound weights
+                if self.guard.divergence is not None or p.step_in_epoch >= last_step or self._stop_agreed():
                     break
         s.device.synchronize()
         return steps, time.perf_counter() - started
@@ -136,13 +175,24 @@ class Trainer:
         """Validate, update the position and the history, and tell the observers."""
         s, p = self.setup, self.progress
         self.flush_loss()
-        train_loss = p.epoch_loss_sum / max(p.step_in_epoch, 1)
+        train_loss = p.epoch_loss_sum / max(p.step_in_epoch - p.epoch_skipped_steps, 1)
         if s.sync_buffers is not None:
             s.sync_buffers()  # every rank validates (and saves) the same BatchNorm statistics
         validation = evaluate(
             s.model, s.valid_loader, s.evaluator, s.device, s.predict, s.metric_sum, s.lockstep_validation
         )
-        is_best = p.best_val_loss is None or validation.loss < p.best_val_loss
+        # A NaN never compares below the best, and must never *become* the best that later epochs cannot beat.
+        is_best = math.isfinite(validation.loss) and (
+            p.best_val_loss is None or validation.loss < p.best_val_loss
+        )
+        if not math.isfinite(validation.loss) and s.process.is_main:
+            log.warning(
+                "Epoch %d: the validation loss is %s although training is finite: the validation data may "
+                "hold NaN or infinite values (--set data.check_finite=true names them); this epoch cannot be "
+                "the best",
+                p.epoch + 1,
+                validation.loss,
+            )
         if is_best:
             p.best_val_loss, p.best_epoch = validation.loss, p.epoch + 1
         samples_per_second = steps * s.global_batch_size / seconds if steps and seconds > 0 else 0.0
@@ -167,6 +217,7 @@ class Trainer:
         p.epoch += 1
         p.step_in_epoch = 0
         p.epoch_loss_sum = 0.0
+        p.epoch_skipped_steps = 0
         p.completed = p.epoch >= s.plan.num_epochs
         self._notify("on_epoch_end", report)
 
@@ -182,6 +233,10 @@ class Trainer:
             self.stop.request("a stop signal on another rank")
             return True
         return False
+
+    def _add_to_epoch_loss(self, loss: torch.Tensor) -> None:
+        """Sum on the device: reading each loss on the host would wait for every step."""
+        self._pending_loss = loss.double() if self._pending_loss is None else self._pending_loss + loss
 
     def flush_loss(self) -> None:
         """Move the device-side loss sum into ``progress`` (one host sync; before checkpoints and epoch ends)."""

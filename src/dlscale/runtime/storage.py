@@ -1,0 +1,192 @@
+"""Write errors in plain words, found before a run spends an epoch: probes, free space, and error translation.
+
+A run on a read-only or full file system used to find out at its first checkpoint, an epoch (hours) in, and
+then die with a raw ``OSError`` or torch's ``RuntimeError: [enforce fail at inline_container.cc]`` whose
+``ENOSPC`` hides in the chained exception. Here every such failure becomes one
+:class:`~dlscale.errors.StorageError` line: the path, the errno in words, and what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from dlscale.errors import StorageError
+
+log = logging.getLogger("dlscale.train")
+
+# What each errno means for a user, and what to do about it.
+_ADVICE = {
+    errno.EROFS: "the file system is read-only: choose a writable --expdir",
+    errno.EACCES: "permission denied: fix the directory's permissions or choose another --expdir",
+    errno.EPERM: "operation not permitted: fix the directory's permissions or choose another --expdir",
+    errno.ENOSPC: "the disk is full: free some space (old runs, numbered checkpoints) or choose another --expdir",
+    errno.EDQUOT: "your disk quota is exhausted: free some space (`quota -s` or your site's tool shows "
+    "it) or choose another --expdir",
+    errno.ENOTDIR: "a part of the path is a file, not a directory: remove or rename it, or choose another --expdir",
+    errno.EEXIST: "it exists and is not a directory: remove or rename it, or choose another --expdir",
+    errno.EISDIR: "it is a directory where a file was expected: remove or rename it",
+    errno.ENAMETOOLONG: "the path is too long for the file system: choose a shorter --expdir",
+    errno.EIO: "the storage reported an I/O error: check the file system (and its quota) or choose another --expdir",
+}
+# Errors that a message can name from its text alone (torch's C++ writer loses the errno).
+_TEXT_ERRNOS = {
+    "no space left on device": errno.ENOSPC,
+    "disk quota exceeded": errno.EDQUOT,
+    "read-only file system": errno.EROFS,
+    "permission denied": errno.EACCES,
+}
+STORAGE_ERRNOS = frozenset(_ADVICE)
+
+PROBE_PREFIX = ".dlscale-write-probe-"
+
+
+def errno_in_words(code: int | None) -> str:
+    """e.g. ``'No space left on device (ENOSPC)'``."""
+    if code is None:
+        return "unknown error"
+    return f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
+
+
+def storage_error(path: str | Path, code: int | None, doing: str = "cannot write") -> StorageError:
+    """One line: ``<path>: cannot write: No space left on device (ENOSPC); the disk is full: ...``."""
+    advice = _ADVICE.get(code, "check the path, or choose another --expdir") if code is not None else ""
+    message = f"{path}: {doing}: {errno_in_words(code)}"
+    return StorageError(f"{message}; {advice}" if advice else message)
+
+
+def find_storage_errno(exc: BaseException) -> tuple[int, str | None] | None:
+    """The (errno, filename) of a write failure anywhere in ``exc``'s chain, or None if it is not one.
+
+    Looks through ``__cause__`` and ``__context__`` (torch.save re-raises a failed write as a RuntimeError with
+    the OSError only in its context) and, as a last resort, at the message text.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
+            return current.errno, current.filename
+        current = current.__cause__ or current.__context__
+    text = str(exc).lower()
+    for words, code in _TEXT_ERRNOS.items():
+        if words in text:
+            return code, None
+    return None
+
+
+def as_storage_error(
+    exc: BaseException, path: str | Path | None = None, doing: str = "cannot write"
+) -> StorageError | None:
+    """``exc`` as a StorageError naming ``path`` (or the failing file), or None when it is no write failure."""
+    found = find_storage_errno(exc)
+    if found is None:
+        return None
+    code, filename = found
+    return storage_error(path if path is not None else (filename or "?"), code, doing)
+
+
+def probe_writable(directory: Path) -> None:
+    """Create ``directory`` (and its parents) and write, flush and delete a small file in it.
+
+    Raises StorageError naming the directory when any of it fails: a read-only file system, no permission, a
+    path through a file, a full disk or an exhausted quota.
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise storage_error(directory, errno.EEXIST, "cannot create the directory") from None
+    except OSError as exc:
+        raise storage_error(directory, exc.errno, "cannot create the directory") from None
+    if not directory.is_dir():
+        raise storage_error(directory, errno.ENOTDIR, "cannot create the directory")
+    probe = directory / f"{PROBE_PREFIX}{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        try:
+            # Some full file systems accept the create and refuse only the data (or only at fsync).
+            os.write(fd, b"dlscale checks that it can write here\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise storage_error(directory, exc.errno) from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+
+
+def remove_stale_probes(directory: Path) -> None:
+    """Remove probe files a killed process left behind (harmless, but they should not pile up)."""
+    with contextlib.suppress(OSError):
+        for entry in directory.glob(f"{PROBE_PREFIX}*"):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+
+def check_free_space(directory: Path, checkpoint_bytes: int) -> None:
+    """Fail when ``directory`` cannot hold one checkpoint of ``checkpoint_bytes``; warn below two.
+
+    Two, because a save writes the new checkpoint beside the previous one before replacing it (the best
+    and numbered copies are hard links and cost nothing more).
+    """
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return  # some file systems do not report; the probes above already wrote there
+    needed = 2 * checkpoint_bytes
+    if free < checkpoint_bytes:
+        raise StorageError(
+            f"{directory}: not enough free space for a checkpoint: {format_bytes(free)} free, a checkpoint of "
+            f"this run takes about {format_bytes(checkpoint_bytes)} (and {format_bytes(needed)} while one "
+            "replaces another); free some space or choose another --expdir"
+        )
+    if free < needed:
+        log.warning(
+            "%s: only %s free; a checkpoint takes about %s and a save needs room for two (%s) while the new one "
+            "replaces the old: the next saves may fail with a full disk",
+            directory,
+            format_bytes(free),
+            format_bytes(checkpoint_bytes),
+            format_bytes(needed),
+        )
+
+
+def format_bytes(count: float) -> str:
+    """e.g. ``'1.5 GB'`` (powers of 1000, as df -H prints)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"
+
+
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
+
+
+def remove_stale_temporaries(directories: list[Path]) -> list[tuple[Path, int]]:
+    """Delete the temporary files of atomic writes (``.<name>.tmp-<pid>-<hex>``) in ``directories``.
+
+    Only call this while holding the run directory's lock: then no other writer can be mid-save there, so
+    every such file was left by a process killed during a save (each up to a whole checkpoint in size).
+    Returns the files removed with their sizes.
+    """
+    removed = []
+    for directory in directories:
+        if not directory.is_dir():
+            continue
+        for entry in directory.iterdir():
+            if not _TEMPORARY.match(entry.name) or not entry.is_file():
+                continue
+            try:
+                size = entry.stat().st_size
+                entry.unlink()
+            except OSError:
+                continue
+            removed.append((entry, size))
+    return removed

@@ -1,0 +1,211 @@
+"""Divergence: what a run does when its loss, gradients or weights become NaN or infinite.
+
+A diverging run used to train on to the end with ``loss=nan``, write NaN weights over its good checkpoint and
+call itself finished. Now the :class:`DivergenceGuard` watches every step without a host sync (see
+:mod:`dlscale.train.nonfinite`), reads the record every ``train.nonfinite_check_every`` steps, at the end of
+every epoch before validation and before every checkpoint (all ranks agree on the result), and refuses any
+checkpoint whose weights or optimizer state are not finite, so the last good checkpoint is never replaced.
+Then ``train.on_nonfinite`` decides:
+
+``stop`` (default)
+    the run ends as "diverged" (exit status 3) with a message naming the step, the loss, the LR and what to try.
+``skip``
+    a step whose loss or gradient norm is not finite leaves the weights and optimizer state as they were (as
+    fp16's GradScaler does for overflows), up to ``train.max_skipped_steps``; deciding before each update costs a
+    host sync every step.
+``rollback``
+    the last good checkpoint (one is written at the start of a fresh run) is loaded again and the LR scaled by
+    ``train.rollback_lr_factor``, up to ``train.max_rollbacks`` times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dlscale.runtime.distributed import any_rank
+from dlscale.train.nonfinite import NonFiniteWatch
+from dlscale.train.resume import restore_training, use_lr_scale
+
+if TYPE_CHECKING:
+    from dlscale.train.progress import TrainProgress
+    from dlscale.train.setup import TrainingSetup
+
+log = logging.getLogger("dlscale.train")
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """What went wrong, where: the first non-finite step and its values, or the limit that ran out."""
+
+    step: int  # global optimizer step (0-based) where it was found
+    cause: str  # e.g. "the loss is nan", "the weights hold NaN or infinite values (model['head.weight'])"
+    lr: float  # the LR of that step
+    loss: float | None = None
+    grad_norm: float | None = None
+
+    def describe(self) -> str:
+        """e.g. 'at step 41: the loss is nan (gradient norm inf) at lr 0.5'."""
+        extra = f" (gradient norm {self.grad_norm:.4g})" if self.grad_norm is not None else ""
+        return f"at step {self.step}: {self.cause}{extra} at lr {self.lr:.4g}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """For summary.json (non-finite values become null there)."""
+        return dataclasses.asdict(self)
+
+
+class DivergenceGuard:
+    """The trainer's watch over NaN and inf, and ``train.on_nonfinite``'s decisions (see the module docstring).
+
+    ``divergence`` is set once the run diverged beyond what the policy recovers from.
+    """
+
+    def __init__(self, setup: TrainingSetup, progress: TrainProgress):
+        self.setup = setup
+        self.progress = progress
+        self.policy = setup.config.train
+        self.watch = NonFiniteWatch(setup.device.torch, self.policy.nonfinite_check_every)
+        self.divergence: Divergence | None = None
+        self._checked_at_step: int | None = None
+
+    def record_step(self, loss: torch.Tensor) -> bool:
+        """Note the step just trained (before ``progress`` counts it); False when its update was skipped, so its
+        loss must not count in the epoch's average."""
+        s, p, limit = self.setup, self.progress, self.policy.max_skipped_steps
+        if not s.step.skipped:
+            self.watch.record(loss, s.step.last_grad_norm, p.global_step)
+            return True
+        p.skipped_steps += 1  # every rank skipped this step: the step agrees on it
+        p.epoch_skipped_steps += 1
+        if s.process.is_main:
+            log.warning(
+                "Step %d: the loss (%.4g) or a gradient is NaN or infinite: update skipped (%d of at most %d, "
+                "train.max_skipped_steps)",
+                p.global_step,
+                float(loss),
+                p.skipped_steps,
+                limit,
+            )
+        if p.skipped_steps > limit and self.divergence is None:
+            cause = f"{p.skipped_steps} updates skipped for NaN or infinite values, more than {limit} "
+            self.divergence = self._at(p.global_step, cause + "(train.max_skipped_steps)")
+        return False
+
+    def due(self) -> bool:
+        """Whether the record is read after the step just counted."""
+        return self.watch.due(self.progress.global_step)
+
+    def check(self) -> bool:
+        """Whether training may go on: no NaN or inf seen since the last check.
+
+        One host sync (and, with several ranks, one tiny all-reduce that makes every rank decide alike); every
+        rank must call it at the same step. The checkpoint observer calls it before every save.
+        """
+        if self.divergence is not None:
+            return False
+        if self._checked_at_step == self.progress.global_step:
+            return True
+        self._checked_at_step = self.progress.global_step
+        found = self.watch.poll()
+        if found is not None:
+            step, loss, grad_norm = found
+            cause = (
+                loss_cause(loss, grad_norm) if loss is not None else "a NaN or infinite loss on another rank"
+            )
+            self.divergence = dataclasses.replace(self._at(step, cause), loss=loss, grad_norm=grad_norm)
+        return self.divergence is None
+
+    def reject_state(self, nonfinite: str | None) -> bool:
+        """True (and diverged) when a checkpoint's state holds NaN or inf on any rank; every rank calls this
+        before a save, ``nonfinite`` naming its first bad tensor or None."""
+        if not any_rank(nonfinite is not None, self.setup.device):
+            return False
+        cause = f"the weights hold NaN or infinite values ({nonfinite or 'on another rank'})"
+        self.divergence = self._at(max(self.progress.global_step - 1, 0), cause)
+        return True
+
+    def roll_back(self) -> Divergence | None:
+        """Under ``rollback``, go back to the last good checkpoint with a lower LR and return the divergence
+        recovered from; None when the policy is another one or its rollbacks are used up (the run is diverged)."""
+        s, p, policy, divergence = self.setup, self.progress, self.policy, self.divergence
+        if policy.on_nonfinite != "rollback" or divergence is None:
+            return None
+        target = s.checkpoints.latest_path
+        if p.rollbacks >= policy.max_rollbacks or not target.is_file():
+            why = (
+                f"after {p.rollbacks} rollbacks (train.max_rollbacks {policy.max_rollbacks})"
+                if target.is_file()
+                else "and there is no checkpoint to roll back to"
+            )
+            self.divergence = dataclasses.replace(divergence, cause=f"{divergence.cause}, {why}")
+            return None
+        rollbacks, scale = p.rollbacks + 1, s.schedule.scale * policy.rollback_lr_factor
+        restored = restore_training(s, target)
+        for field in dataclasses.fields(restored):  # in place: the trainer and observers hold this object
+            setattr(p, field.name, getattr(restored, field.name))
+        p.rollbacks = rollbacks
+        use_lr_scale(s, scale)
+        self.divergence, self._checked_at_step = None, None
+        self.watch.reset()
+        if s.process.is_main:
+            log.warning(
+                "Diverged %s. Rolled back to %s (global step %d) with the LR scaled by %.3g (rollback %d of at "
+                "most %d)",
+                divergence.describe(),
+                target,
+                p.global_step,
+                scale,
+                rollbacks,
+                policy.max_rollbacks,
+            )
+        return divergence
+
+    def _at(self, step: int, cause: str) -> Divergence:
+        return Divergence(step, cause, self.setup.schedule.lr_at(step))
+
+
+def loss_cause(loss: float | None, grad_norm: float | None) -> str:
+    """Which value was not finite, in words."""
+    if loss is not None and not math.isfinite(loss):
+        return f"the loss is {loss}"
+    if grad_norm is not None and not math.isfinite(grad_norm):
+        return f"the gradient norm is {grad_norm}" + (
+            f" (the loss was {loss:.4g})" if loss is not None else ""
+        )
+    return "a loss or gradient was NaN or infinite"
+
+
+def advice(on_nonfinite: str, max_grad_norm: float | None, lr: float, warmup: int) -> str:
+    """What to try after a divergence, in one sentence (``lr`` is the config's ``optim.lr``)."""
+    tips = [f"a lower learning rate (e.g. --set optim.lr={lr / 4:.3g})"]
+    if max_grad_norm is None:
+        tips.append("gradient clipping (--set optim.max_grad_norm=1.0)")
+    if warmup == 0:
+        tips.append("a warm-up (--set optim.warmup=100)")
+    if on_nonfinite != "rollback":
+        tips.append("train.on_nonfinite: rollback (reload the last good checkpoint and lower the LR)")
+    listed = f"{', '.join(tips[:-1])} or {tips[-1]}" if len(tips) > 1 else tips[0]
+    return (
+        f"Try {listed}; if the data may hold NaN or infinite values, --set data.check_finite=true names the "
+        "file and sample"
+    )
+
+
+def divergence_message(divergence: Divergence, setup: Any) -> str:
+    """The one paragraph a user reads when a run diverged: where, what was kept, what to try."""
+    cfg = setup.config
+    latest = setup.checkpoints.latest_path
+    if not cfg.checkpoint.enabled:
+        kept = "Checkpoints are disabled (checkpoint.enabled: false), so nothing was saved."
+    elif latest.is_file():
+        kept = f"Nothing was saved after it; the last good checkpoint is {latest} (resume from it, or from "
+        kept += f"{setup.checkpoints.best_path.name} beside it, once the cause is fixed)."
+    else:
+        kept = "No checkpoint had been saved yet."
+    tips = advice(cfg.train.on_nonfinite, cfg.optim.max_grad_norm, cfg.optim.lr, cfg.optim.warmup)
+    return f"training diverged {divergence.describe()}. {kept} {tips}."

@@ -1,0 +1,251 @@
+"""A diverging run never destroys its good work: the policies stop, skip and rollback, and the data check."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import h5py
+import pytest
+import torch
+
+from dlscale.commands.train import train
+from dlscale.errors import DataError, TrainingDiverged
+from dlscale.train.checkpoint import load_checkpoint
+from dlscale.train.observer import Observer
+
+NAN_TIME = 3  # the time index made NaN in the first training file: samples 2 (its target) and 3 (its input)
+
+
+def run_dir(cfg) -> Path:
+    return Path(cfg.log.expdir) / cfg.name / cfg.log.run_num
+
+
+def digests(directory: Path) -> dict[str, str]:
+    """sha256 of every checkpoint file in ``directory``."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.glob("*.pt"))}
+
+
+def strict_json(path: Path) -> dict:
+    """The file parsed as strict JSON (NaN and Infinity are errors, as in jq or JavaScript)."""
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"{path}: non-standard JSON token {token}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+@pytest.fixture(scope="module")
+def nan_era5(tmp_path_factory, tiny_era5: Path) -> Path:
+    """The tiny data set with NaN at one time step of the first training file."""
+    root = tmp_path_factory.mktemp("nan_data") / "era5"
+    shutil.copytree(tiny_era5, root)
+    first = sorted((root / "train").glob("*.h5"))[0]
+    with h5py.File(first, "r+") as f:
+        f["fields"][NAN_TIME, 0, 0, 0] = float("nan")
+    return root
+
+
+@pytest.fixture(scope="module")
+def nan_valid_era5(tmp_path_factory, tiny_era5: Path) -> Path:
+    """The tiny data set with NaN in the validation file (training is clean)."""
+    root = tmp_path_factory.mktemp("nan_valid") / "era5"
+    shutil.copytree(tiny_era5, root)
+    for path in (root / "valid").glob("*.h5"):
+        with h5py.File(path, "r+") as f:
+            f["fields"][1, 2, 0, 0] = float("inf")
+    return root
+
+
+def steps_with_samples(cfg, samples: set[int], epochs: int) -> list[int]:
+    """The global steps (0-based) whose global batch holds one of ``samples``, per the run's sampler."""
+    from dlscale.data.sampler import TrainingSampler
+
+    sampler = TrainingSampler(
+        46, cfg.train.global_batch_size, shuffle=cfg.loader.shuffle, seed=cfg.train.seed
+    )
+    steps, batch = [], cfg.train.global_batch_size
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        for step in range(sampler.steps_per_epoch):
+            if samples & set(order[step * batch : (step + 1) * batch]):
+                steps.append(epoch * sampler.steps_per_epoch + step)
+    return steps
+
+
+class PoisonOptimizerAt(Observer):
+    """After step ``step`` (1-based count), put NaN into Adam's second moment: the next step's loss is still
+    finite, but its update makes the weights NaN, so only a check of the saved state can catch it."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, trainer, loss) -> None:
+        if trainer.progress.global_step == self.step:
+            for state in trainer.setup.optimizer.state.values():
+                state["exp_avg_sq"].fill_(float("nan"))
+
+
+class PoisonWeightsOnceAt(Observer):
+    """Make the weights NaN before step ``step`` of the first attempt only (a transient blow-up)."""
+
+    def __init__(self, step: int):
+        self.step = step
+        self.done = False
+
+    def on_step_start(self, trainer) -> None:
+        if not self.done and trainer.progress.global_step == self.step:
+            self.done = True
+            with torch.no_grad():
+                next(trainer.setup.model.parameters()).fill_(float("nan"))
+
+
+def test_nan_data_stops_the_run_and_leaves_the_good_checkpoint_bitwise(tiny_config, nan_era5, tmp_path):
+    good = tiny_config("train.num_epochs=1")
+    train(good)
+    checkpoints = run_dir(good) / "checkpoints"
+    before = digests(checkpoints)
+    assert set(before) == {"ckpt_latest.pt", "ckpt_best.pt"}
+
+    more_with_nan = tiny_config("train.num_epochs=2", f"data.root={nan_era5}")
+    with pytest.raises(TrainingDiverged) as raised:
+        train(more_with_nan)
+    bad_steps = [s for s in steps_with_samples(good, {NAN_TIME - 1, NAN_TIME}, 2) if s >= 11]
+    message = str(raised.value)
+    assert f"at step {bad_steps[0]}: the loss is nan" in message
+    assert str(checkpoints / "ckpt_latest.pt") in message and "data.check_finite" in message
+    assert raised.value.exit_code == 3
+    assert digests(checkpoints) == before
+    summary = strict_json(run_dir(good) / "summary.json")
+    assert summary["outcome"] == "diverged"
+    assert summary["divergence"]["step"] == bad_steps[0]
+    assert summary["divergence"]["loss"] is None  # NaN is written as null
+    assert summary["best"]["epoch"] == 1
+
+
+def test_resuming_a_good_run_with_a_huge_lr_keeps_its_checkpoints_bitwise(tiny_config):
+    good = tiny_config("train.num_epochs=1")
+    train(good)
+    checkpoints = run_dir(good) / "checkpoints"
+    before = digests(checkpoints)
+    with pytest.raises(TrainingDiverged, match=r"at step 1[1-9]: "):
+        train(tiny_config("train.num_epochs=2", "optim.lr=1e6"))
+    assert digests(checkpoints) == before
+    assert strict_json(run_dir(good) / "summary.json")["outcome"] == "diverged"
+
+
+def test_a_huge_learning_rate_diverges_without_saving_and_says_what_to_try(tiny_config):
+    cfg = tiny_config("optim.lr=1e6", "checkpoint.save_every_steps=2")
+    with pytest.raises(
+        TrainingDiverged, match=r"at step \d+: .* at lr .*lower learning rate.*optim.lr=2.5e\+05"
+    ):
+        train(cfg)
+    assert not list((run_dir(cfg) / "checkpoints").glob("*.pt"))
+    assert "No checkpoint had been saved yet" in (run_dir(cfg) / "out.log").read_text()
+
+
+def test_nonfinite_weights_are_never_saved_even_with_finite_losses(tiny_config):
+    cfg = tiny_config("checkpoint.save_every_steps=4")
+    with pytest.raises(TrainingDiverged, match=r"weights hold NaN or infinite values \(.*model\['"):
+        train(cfg, extra_observers=[PoisonOptimizerAt(7)])
+    state = load_checkpoint(run_dir(cfg) / "checkpoints" / "ckpt_latest.pt")
+    assert state["progress"]["global_step"] == 4
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_skip_leaves_out_the_updates_of_nan_batches_and_counts_them(tiny_config, nan_era5):
+    cfg = tiny_config(f"data.root={nan_era5}", "train.on_nonfinite=skip")
+    assert train(cfg) == 0
+    expected = steps_with_samples(cfg, {NAN_TIME - 1, NAN_TIME}, 2)
+    summary = strict_json(run_dir(cfg) / "summary.json")
+    assert summary["outcome"] == "finished"
+    assert summary["skipped_steps"] == len(expected) > 0
+    assert all(math.isfinite(row["train_loss"]) for row in summary["history"])
+    state = load_checkpoint(run_dir(cfg) / "checkpoints" / "ckpt_latest.pt")
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    log = (run_dir(cfg) / "out.log").read_text()
+    assert f"Step {expected[0]}: the loss (nan)" in log and "update skipped (1 of at most 10" in log
+
+
+def test_skip_has_a_limit(tiny_config, nan_era5):
+    cfg = tiny_config(f"data.root={nan_era5}", "train.on_nonfinite=skip", "train.max_skipped_steps=0")
+    with pytest.raises(
+        TrainingDiverged, match=r"1 updates skipped .* more than 0 \(train.max_skipped_steps\)"
+    ):
+        train(cfg)
+
+
+def test_rollback_recovers_from_a_transient_blow_up_with_a_lower_lr(tiny_config):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = tiny_config("train.on_nonfinite=rollback", "checkpoint.save_every_steps=4")
+    assert train(cfg, extra_observers=[PoisonWeightsOnceAt(13)]) == 0
+    summary = strict_json(run_dir(cfg) / "summary.json")
+    assert summary["outcome"] == "finished" and summary["rollbacks"] == 1
+    state = load_checkpoint(run_dir(cfg) / "checkpoints" / "ckpt_latest.pt")
+    assert state["scheduler"]["scale"] == 0.5 and state["progress"]["rollbacks"] == 1
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    log = (run_dir(cfg) / "out.log").read_text()
+    assert "Rolled back to" in log and "(global step 12)" in log
+    events = EventAccumulator(str(run_dir(cfg) / "tensorboard")).Reload()
+    assert [e.step for e in events.Scalars("Loss/valid")] == [11, 22]
+
+
+def test_rollback_starts_from_a_checkpoint_and_gives_up_after_its_limit(tiny_config, nan_era5):
+    cfg = tiny_config(f"data.root={nan_era5}", "train.on_nonfinite=rollback", "train.max_rollbacks=2")
+    with pytest.raises(TrainingDiverged, match=r"after 2 rollbacks \(train.max_rollbacks 2\)"):
+        train(cfg)
+    state = load_checkpoint(run_dir(cfg) / "checkpoints" / "ckpt_latest.pt")
+    assert state["progress"]["global_step"] == 0  # the initial weights, saved so that a rollback has a target
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_a_nan_validation_loss_is_never_the_best(tiny_config, nan_valid_era5):
+    cfg = tiny_config(f"data.root={nan_valid_era5}")
+    assert train(cfg) == 0
+    summary = strict_json(run_dir(cfg) / "summary.json")
+    assert summary["best"] == {"epoch": None, "val_loss": None}
+    assert [row["val_loss"] for row in summary["history"]] == [None, None]
+    assert not (run_dir(cfg) / "checkpoints" / "ckpt_best.pt").exists()
+    assert "the validation loss is nan although training is finite" in (run_dir(cfg) / "out.log").read_text()
+
+
+def test_the_data_check_names_the_file_and_the_sample(tiny_config, nan_era5):
+    cfg = tiny_config(f"data.root={nan_era5}", "data.check_finite=true")
+    first_file = sorted((nan_era5 / "train").glob("*.h5"))[0]
+    with pytest.raises(DataError) as raised:
+        train(cfg)
+    message = str(raised.value)
+    assert f"file {first_file}" in message
+    assert re.search(rf"sample ({NAN_TIME - 1}|{NAN_TIME}) ", message)
+    assert "NaN" in message and "channel 0" in message
+
+
+def test_the_data_check_also_reads_the_validation_set(tiny_config, nan_valid_era5):
+    cfg = tiny_config(f"data.root={nan_valid_era5}", "data.check_finite=true")
+    with pytest.raises(DataError, match=r"the validation (inputs|targets) of sample [01] .*\+inf"):
+        train(cfg)
+
+
+class PositionAtEnd(Observer):
+    """Keeps the run's position and outcome when it ends."""
+
+    def on_train_end(self, trainer, outcome: str) -> None:
+        self.global_step, self.outcome = trainer.progress.global_step, outcome
+
+
+def test_the_run_stops_within_the_check_interval_even_without_checkpoints(tiny_config, nan_era5):
+    cfg = tiny_config(f"data.root={nan_era5}", "checkpoint.enabled=false", "train.nonfinite_check_every=2")
+    end = PositionAtEnd()
+    with pytest.raises(TrainingDiverged, match="Checkpoints are disabled"):
+        train(cfg, extra_observers=[end])
+    first_bad = steps_with_samples(cfg, {NAN_TIME - 1, NAN_TIME}, 2)[0]
+    assert end.outcome == "diverged"
+    assert first_bad < end.global_step <= first_bad + 2
+    if first_bad + 2 < 11:  # it stopped inside epoch 1: that epoch was never validated
+        assert "Time taken for epoch 1" not in (run_dir(cfg) / "out.log").read_text()
