@@ -178,6 +178,7 @@ def test_a_kill_9_during_saves_resumes_bitwise_and_leaves_no_temporary_files(tin
     args = [
         "train", "--yaml_config", str(CONFIG_FILE), "--config", "tiny", "--set", f"data.root={tiny_era5}",
         "--set", "checkpoint.save_every_steps=1", "--progress", "none", "--set", "log.tensorboard=false",
+        "--num_epochs", "4",  # 44 saves: time to be killed in the middle of them
     ]  # fmt: skip
     reference = dlscale(*args, "--expdir", str(tmp_path / "reference"))
     assert reference.returncode == 0, reference.stderr

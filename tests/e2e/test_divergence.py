@@ -249,3 +249,17 @@ def test_the_run_stops_within_the_check_interval_even_without_checkpoints(tiny_c
     assert first_bad < end.global_step <= first_bad + 2
     if first_bad + 2 < 11:  # it stopped inside epoch 1: that epoch was never validated
         assert "Time taken for epoch 1" not in (run_dir(cfg) / "out.log").read_text()
+
+
+def test_before_its_first_save_a_resumed_run_rolls_back_to_the_checkpoint_it_came_from(tiny_config, tmp_path):
+    from test_training_run import StopAtStep
+
+    first = tiny_config(expdir=tmp_path / "first")
+    train(first, extra_observers=[StopAtStep(5)])
+    source = run_dir(first) / "checkpoints" / "ckpt_latest.pt"
+    second = tiny_config(
+        "train.on_nonfinite=rollback", expdir=tmp_path / "second", **{"checkpoint.resume": str(source)}
+    )
+    assert train(second, extra_observers=[PoisonWeightsOnceAt(8)]) == 0
+    assert f"Rolled back to {source} (global step 5)" in (run_dir(second) / "out.log").read_text()
+    assert strict_json(run_dir(second) / "summary.json")["rollbacks"] == 1

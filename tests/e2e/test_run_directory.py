@@ -278,7 +278,7 @@ def test_more_epochs_continue_a_finished_run(tiny_config):
     assert state["progress"]["global_step"] == 33 and state["progress"]["completed"]
     assert [row["epoch"] for row in state["progress"]["history"]] == [1, 2, 3]
     log = (run_dir(cfg) / "out.log").read_text()
-    assert "this config asks for 3, so it trains on to step 33" in log
+    assert "this config asks for 3 epochs, so it trains on to step 33" in log
     assert "resuming with a changed config" not in log
 
 

@@ -158,3 +158,35 @@ def test_the_lr_scale_multiplies_the_schedule_and_is_saved_only_when_set():
     halved = LRSchedule(1.0, 100, warmup=10, scale=0.5)
     assert [halved.lr_at(s) for s in (0, 50, 99)] == [0.5 * schedule.lr_at(s) for s in (0, 50, 99)]
     assert "scale" not in schedule.state_dict() and halved.state_dict()["scale"] == 0.5
+
+
+# ------------------------------------------------------------------------------------------- GPU only
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_recording_a_step_never_waits_for_the_gpu():
+    device = torch.device("cuda")
+    watch = NonFiniteWatch(device, check_every=10)
+    losses = [torch.tensor(v, device=device) for v in (1.0, 2.0, NAN, 3.0)]
+    norm = torch.tensor(1.0, device=device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host sync in what follows raises
+    try:
+        for step, loss in enumerate(losses):
+            watch.record(loss, norm, step)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    step, loss, grad_norm = watch.poll()
+    assert step == 2 and math.isnan(loss) and grad_norm == 1.0
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_the_state_scan_works_on_gpu_tensors_next_to_cpu_step_counts():
+    state = {"model": {"w": torch.ones(3, device="cuda")}, "optimizer": {"step": torch.tensor(3.0)}}
+    assert first_nonfinite(state) is None
+    state["model"]["w"][1] = INF
+    assert first_nonfinite(state) == "model['w']"

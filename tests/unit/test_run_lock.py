@@ -332,19 +332,27 @@ def test_the_heartbeat_reports_a_takeover_once_and_stops(make_lock, lock_log) ->
     assert json.loads(lock.path.read_text())["host"] == OTHER_HOST  # not ours to remove
 
 
-def test_an_unparsable_lock_file_blocks_while_it_may_be_being_written(
+def test_an_unparsable_lock_file_is_waited_for_while_it_may_be_being_written(
     make_lock, lock_log, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     path = run_dir / LOCK_NAME
+    # Its writer finishes it: the waiting contender then sees a live holder and fails naming it.
     path.write_bytes(b'{"host": "nid0')
-    with pytest.raises(RunDirectoryLocked, match=r"unknown \(lock file being written\)"):
-        make_lock(unparsable_grace_s=10.0).acquire()
-    assert path.read_bytes() == b'{"host": "nid0'
+    finish = threading.Timer(
+        0.2, lambda: write_lock(run_dir, host=OTHER_HOST, pid=999, job_id="8", age_s=0.0)
+    )
+    finish.start()
+    with pytest.raises(RunDirectoryLocked, match=r"pid 999 on host some-other-node.invalid"):
+        make_lock(unparsable_grace_s=10.0, poll_s=0.02).acquire()
+    finish.join()
 
-    set_age(path, 60.0)
-    make_lock(unparsable_grace_s=10.0).acquire()
+    # Its writer was killed between creating and writing it: taken over once the grace period is over.
+    path.write_bytes(b'{"host": "nid0')
+    started = time.monotonic()
+    make_lock(unparsable_grace_s=0.3, poll_s=0.02).acquire()
+    assert time.monotonic() - started >= 0.25
     assert json.loads(path.read_text())["pid"] == os.getpid()
     [warning] = lock_log(logging.WARNING)
     assert "empty or unreadable" in warning

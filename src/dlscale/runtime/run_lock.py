@@ -189,6 +189,11 @@ class RunDirectoryLock:
                     )
                     break
                 continue
+            if not current.parsed:
+                # Being written this instant (it reads as the holder in a moment), or left half written by a
+                # process killed right after creating it (stale once the grace period is over): either way, wait.
+                time.sleep(min(self._poll_s, 0.05))
+                continue
             holder = current.holder
             if holder.job_id is None or holder.job_id != self._job_id:
                 raise self._locked(holder, waited_s=None)

@@ -135,11 +135,12 @@ class DivergenceGuard:
         s, p, policy, divergence = self.setup, self.progress, self.policy, self.divergence
         if policy.on_nonfinite != "rollback" or divergence is None:
             return None
-        target = s.checkpoints.latest_path
-        if p.rollbacks >= policy.max_rollbacks or not target.is_file():
+        # This run's last save; before its first one, the checkpoint it resumed from (maybe another run's).
+        target = s.checkpoints.latest_path if s.checkpoints.latest_path.is_file() else s.resumed_from
+        if p.rollbacks >= policy.max_rollbacks or target is None:
             why = (
                 f"after {p.rollbacks} rollbacks (train.max_rollbacks {policy.max_rollbacks})"
-                if target.is_file()
+                if target is not None
                 else "and there is no checkpoint to roll back to"
             )
             self.divergence = dataclasses.replace(divergence, cause=f"{divergence.cause}, {why}")

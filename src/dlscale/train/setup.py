@@ -217,8 +217,8 @@ def continue_with_new_length(progress: TrainProgress, plan: EpochPlan) -> None:
     a run that asks for no more than it has trained counts as finished."""
     if progress.completed and plan.num_epochs > progress.epoch:
         log.info(
-            "The run finished %d epochs (global step %d); this config asks for %d, so it trains on to step %d. "
-            "The LR schedule now spans %d steps",
+            "The run finished after epoch %d (global step %d); this config asks for %d epochs, so it trains on "
+            "to step %d. The LR schedule now spans %d steps",
             progress.epoch,
             progress.global_step,
             plan.num_epochs,
@@ -228,7 +228,7 @@ def continue_with_new_length(progress: TrainProgress, plan: EpochPlan) -> None:
         progress.completed = False
     elif not progress.completed and progress.global_step >= plan.total_steps and progress.step_in_epoch == 0:
         log.info(
-            "The run has trained %d epochs (global step %d), as many as this config asks for (%d)",
+            "The run has trained up to epoch %d (global step %d), as many epochs as this config asks for (%d)",
             progress.epoch,
             progress.global_step,
             plan.num_epochs,
