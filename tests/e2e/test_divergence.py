@@ -263,3 +263,21 @@ def test_before_its_first_save_a_resumed_run_rolls_back_to_the_checkpoint_it_cam
     assert train(second, extra_observers=[PoisonWeightsOnceAt(8)]) == 0
     assert f"Rolled back to {source} (global step 5)" in (run_dir(second) / "out.log").read_text()
     assert strict_json(run_dir(second) / "summary.json")["rollbacks"] == 1
+
+
+def test_a_weights_only_start_rolls_back_to_its_own_first_checkpoint(tiny_config, tmp_path):
+    source_cfg = tiny_config("train.num_epochs=1", expdir=tmp_path / "source")
+    train(source_cfg)
+    source = run_dir(source_cfg) / "checkpoints" / "ckpt_latest.pt"
+    tuned = tiny_config(
+        "train.on_nonfinite=rollback",
+        "train.num_epochs=1",
+        expdir=tmp_path / "tuned",
+        **{"checkpoint.resume": str(source), "checkpoint.resume_weights_only": True},
+    )
+    assert train(tuned, extra_observers=[PoisonWeightsOnceAt(3)]) == 0
+    own = run_dir(tuned) / "checkpoints" / "ckpt_latest.pt"
+    assert f"Rolled back to {own} (global step 0)" in (run_dir(tuned) / "out.log").read_text()
+    state = load_checkpoint(own)
+    assert state["progress"]["global_step"] == 11 and state["progress"]["rollbacks"] == 1
+    assert all(torch.isfinite(t).all() for t in state["optimizer"]["state"][0].values())

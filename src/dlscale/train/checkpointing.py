@@ -54,7 +54,8 @@ class CheckpointObserver(Observer):
 
     def on_train_start(self, trainer) -> None:
         self.saved_at_step = trainer.progress.global_step if trainer.progress.global_step else None
-        if self.save_at_start and trainer.setup.resumed_from is None and trainer.progress.global_step == 0:
+        # At step 0 also after a weights-only start: rolling back to that source would keep diverged optimizer state.
+        if self.save_at_start and trainer.progress.global_step == 0:
             self.save(trainer, why=" (the initial weights: a divergence can roll back to them)")
 
     def on_step_end(self, trainer, loss) -> None:

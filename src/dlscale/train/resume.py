@@ -207,17 +207,16 @@ def training_payload(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def restore_training(setup: TrainingSetup, path: Path) -> TrainProgress:
+def restore_training(setup: TrainingSetup, path: Path, weights_only: bool = False) -> TrainProgress:
     """Load a checkpoint into a freshly built run: weights, optimizer, position, RNG; return the position.
 
     Raises CheckpointError when the checkpoint cannot continue this run (another model shape, another global
     batch size, or a changed key that would reinterpret the saved weights); warns about other config changes,
-    which then take effect from here on. With ``checkpoint.resume_weights_only`` only the weights are taken and
-    a fresh position is returned.
+    which then take effect from here on. With ``weights_only`` (``checkpoint.resume_weights_only``) only the
+    weights are taken, changed model keys are allowed, and a fresh position is returned.
     """
     payload = load_for_resume(path, setup.checkpoints)
     source = str(path)
-    weights_only = setup.config.checkpoint.resume_weights_only
     for entry in ("model",) if weights_only else ("model", "optimizer", "progress", "rng", "meta"):
         if entry not in payload:
             raise CheckpointError(f"{source}: has no {entry!r} entry; it cannot resume a training run")

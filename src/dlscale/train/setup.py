@@ -206,7 +206,8 @@ def build_training(
         sync_buffers=buffer_synchronizer(model, cfg.parallel, process, mesh),
     )
     if resume_from is not None:
-        setup.progress = restore_training(setup, resume_from)  # restores the RNG last, right before training
+        # Restores the RNG last, right before training.
+        setup.progress = restore_training(setup, resume_from, cfg.checkpoint.resume_weights_only)
         setup.resumed_from = resume_from
         continue_with_new_length(setup.progress, plan)
     return setup
