@@ -166,3 +166,12 @@ def test_the_checkpoint_estimate_is_close_to_the_written_size(tmp_path: Path):
     assert written <= estimate <= written + (64 << 10) + written // 10
     state, params = serial_state_bytes(model)
     assert state == params == sum(p.numel() * 4 for p in model.parameters())
+
+
+def test_a_write_failure_without_a_path_keeps_the_original_words():
+    converted = as_storage_error(
+        RuntimeError("unable to write to file </torch_77_1>: No space left on device (28)")
+    )
+    assert str(converted).startswith(
+        "cannot write: No space left on device (ENOSPC) (unable to write to file </torch_77_1>"
+    )

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 from dlscale import __version__
@@ -18,7 +16,7 @@ from dlscale.perf.monitor_observer import MonitorObserver
 from dlscale.perf.profile import build_profiling
 from dlscale.report.console import ConsoleReporter
 from dlscale.report.progress import ProgressReporter
-from dlscale.report.run_dir import LOGGER_NAME, run_directory, setup_rank_logging
+from dlscale.report.run_dir import early_logging, run_directory, setup_rank_logging, write_to_log_files
 from dlscale.report.summary import RunSummary
 from dlscale.report.tensorboard import TensorBoardReporter
 from dlscale.runtime.atomic_files import write_text_atomically
@@ -67,18 +65,21 @@ def train(
     )
     try:
         # Nothing goes into the run's log files before the lock says the directory is ours.
-        with held_back_log_records() as early_records:
+        with early_logging(process.is_main) as early_records:
             start_problem = _claim_run_directory(lock, cfg, run_dir) if lock is not None else None
             device = Device.select(process.local_rank)
             start_process_group(process, device, cfg.parallel.timeout_s)
-        finished = False
+        in_step = (
+            False  # whether every rank ends here alike (then a last barrier cannot wait for a lost rank)
+        )
         try:
             # Every rank learns whether rank 0 could claim the directory, so none waits for a run that never starts.
             problem = share_from_main(start_problem, device)
             if problem is not None:
+                in_step = True
                 raise problem
             setup_rank_logging(cfg.log, run_dir, process)
-            replay(early_records)
+            write_to_log_files(early_records)
             log.info(
                 "dlscale %s: config %r from %s (workload %s)", __version__, cfg.name, cfg.source, cfg.workload
             )
@@ -86,16 +87,21 @@ def train(
                 log.info("Overrides: %s", " ".join(cfg.overrides))
             log.info("Run directory: %s", run_dir)
             status = _train_on_this_rank(cfg, process, device, run_dir, stop, extra_observers)
-            finished = True
+            in_step = True
             return status
+        except TrainingDiverged:
+            in_step = True  # the divergence guard makes every rank stop at the same step
+            raise
         except (OSError, RuntimeError) as exc:
             storage = as_storage_error(exc)
             if storage is not None:
                 raise storage from exc
             raise
         finally:
-            # After a failure, no last barrier: the other ranks may never reach it.
-            stop_process_group(wait_for_others=finished)
+            # The barrier keeps rank 0, which hosts the rendezvous store, alive until every rank has left: a rank
+            # still leaving when rank 0's process exits can wait for the store until the timeout. After a
+            # failure of one rank alone there is no barrier: the others may never reach it.
+            stop_process_group(wait_for_others=in_step)
     finally:
         if lock is not None:
             lock.release()
@@ -201,35 +207,3 @@ def build_observers(setup: TrainingSetup) -> list[Observer]:
     checkpoint_dir = setup.checkpoints.directory if cfg.checkpoint.enabled else None
     observers.append(RunSummary(run_dir, tensorboard_dir, checkpoint_dir))
     return observers
-
-
-@contextlib.contextmanager
-def held_back_log_records() -> Iterator[list[logging.LogRecord]]:
-    """Collect what dlscale logs before the run's log file may be opened (it must not be, before the lock says
-    the directory is ours), to replay into it once it is."""
-    records: list[logging.LogRecord] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    logger = logging.getLogger(LOGGER_NAME)
-    handler, level, propagate = Collect(logging.INFO), logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-        logger.propagate = propagate
-
-
-def replay(records: list[logging.LogRecord]) -> None:
-    """Send held-back records to the handlers the run has now (those its logging lets through: a quiet rank
-    stays quiet)."""
-    for record in records:
-        logger = logging.getLogger(record.name)
-        if logger.isEnabledFor(record.levelno):
-            logger.handle(record)

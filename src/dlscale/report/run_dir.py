@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -94,6 +95,55 @@ class _LogFileHandler(logging.FileHandler):
             self.close()
 
 
+def _console_handler(level: int = logging.NOTSET) -> logging.Handler:
+    handler = _TqdmAwareHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setLevel(level)
+    return handler
+
+
+@contextlib.contextmanager
+def early_logging(is_main: bool) -> Iterator[list[logging.LogRecord]]:
+    """Logging before a run's log files may be opened (not before its run-directory lock is held): records go
+    to the console at once (INFO on rank 0, warnings elsewhere) and are kept, for
+    :func:`write_to_log_files` to add to the files once they exist. Handlers of an earlier run in this process
+    (its out.log) are set aside meanwhile."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger(LOGGER_NAME)
+    earlier, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    for handler in earlier:
+        logger.removeHandler(handler)
+    temporary = [Keep(logging.INFO), _console_handler(logging.INFO if is_main else logging.WARNING)]
+    for handler in temporary:
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield records
+    finally:
+        for handler in temporary:
+            logger.removeHandler(handler)
+        for handler in earlier:
+            logger.addHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def write_to_log_files(records: list[logging.LogRecord]) -> None:
+    """Add records kept by :func:`early_logging` to this process's log files (the console has them already)."""
+    logger = logging.getLogger(LOGGER_NAME)
+    files = [h for h in logger.handlers if isinstance(h, logging.FileHandler)]
+    for record in records:
+        if logging.getLogger(record.name).isEnabledFor(record.levelno):
+            for handler in files:
+                handler.handle(record)
+
+
 def setup_logging(log_file: Path | None, enabled: bool = True, console: bool = True) -> logging.Logger:
     """Log to stdout (unless ``console`` is false) and ``log_file`` in the tutorials' format;
     ``enabled=False`` silences this process (warnings and errors still reach the console)."""
@@ -105,9 +155,7 @@ def setup_logging(log_file: Path | None, enabled: bool = True, console: bool = T
     logger.propagate = False
     formatter = logging.Formatter(LOG_FORMAT)
     if console or not enabled:
-        stream = _TqdmAwareHandler(sys.stdout)
-        stream.setFormatter(formatter)
-        logger.addHandler(stream)
+        logger.addHandler(_console_handler())
     if log_file is not None and enabled:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         file_handler = _LogFileHandler(log_file)

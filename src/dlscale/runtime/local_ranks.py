@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +43,21 @@ def _child(rank: int, world_size: int, port: int, fn: Callable, args: tuple, res
         results.put((rank, None, traceback.format_exc()))
 
 
+def _raise_if_lost(processes: list, outcomes: dict, results: Any, deadline: float, timeout_s: float) -> None:
+    """Raise when a rank ended without a result, or the time is up.
+
+    A rank killed by a signal (or a crash) reports nothing: this says so at once rather than at the timeout.
+    ``results.empty()`` is the last look for a result still on its way through the pipe.
+    """
+    lost = [r for r, p in enumerate(processes) if r not in outcomes and p.exitcode not in (None, 0)]
+    if lost and results.empty():
+        codes = ", ".join(f"rank {r} exit code {processes[r].exitcode}" for r in lost)
+        raise RuntimeError(f"ranks ended without a result ({codes}; negative: killed by that signal)")
+    if time.monotonic() > deadline:
+        waiting = [r for r in range(len(processes)) if r not in outcomes]
+        raise RuntimeError(f"no result from ranks {waiting} within {timeout_s} s")
+
+
 def run_ranks(world_size: int, fn: Callable, *args: Any, timeout_s: float = 300) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``world_size`` forked processes; return their results in rank order.
 
@@ -58,9 +75,14 @@ def run_ranks(world_size: int, fn: Callable, *args: Any, timeout_s: float = 300)
         process.start()
     outcomes: dict[int, Any] = {}
     failures = []
+    deadline = time.monotonic() + timeout_s
     try:
-        for _ in processes:
-            rank, value, error = results.get(timeout=timeout_s)
+        while len(outcomes) < world_size:
+            try:
+                rank, value, error = results.get(timeout=1.0)
+            except queue.Empty:
+                _raise_if_lost(processes, outcomes, results, deadline, timeout_s)
+                continue
             if error is not None:
                 failures.append(f"rank {rank} failed:\n{error}")
             outcomes[rank] = value

@@ -83,12 +83,20 @@ def find_storage_errno(exc: BaseException) -> tuple[int, str | None] | None:
 def as_storage_error(
     exc: BaseException, path: str | Path | None = None, doing: str = "cannot write"
 ) -> StorageError | None:
-    """``exc`` as a StorageError naming ``path`` (or the failing file), or None when it is no write failure."""
+    """``exc`` as a StorageError naming ``path`` (or the failing file), or None when it is no write failure.
+
+    Without a path to name, the original message's first line goes along (e.g. a full /dev/shm under DataLoader
+    workers, where the advice about --expdir would mislead on its own).
+    """
     found = find_storage_errno(exc)
     if found is None:
         return None
     code, filename = found
-    return storage_error(path if path is not None else (filename or "?"), code, doing)
+    where = path if path is not None else filename
+    if where is not None:
+        return storage_error(where, code, doing)
+    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+    return StorageError(f"{doing}: {errno_in_words(code)} ({first_line}); {_ADVICE[code]}")
 
 
 def probe_writable(directory: Path) -> None:
