@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ def write_atomically(path: Path, fill: Callable[[Path], None]) -> None:
     On any exception (KeyboardInterrupt and SystemExit included) the temporary file is removed, ``path`` is
     left as it was, and the exception propagates.
     """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")  # see is_temporary_name
     try:
         fill(tmp)
         os.replace(tmp, path)
@@ -34,6 +35,14 @@ def write_atomically(path: Path, fill: Callable[[Path], None]) -> None:
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     fsync_directory(path.parent)
+
+
+_TEMPORARY_NAME = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]+$")
+
+
+def is_temporary_name(name: str) -> bool:
+    """Whether ``name`` is that of a temporary file of :func:`write_atomically` (``.<name>.tmp-<pid>-<hex>``)."""
+    return _TEMPORARY_NAME.match(name) is not None
 
 
 def write_bytes_atomically(path: Path, write: Callable[[BinaryIO], Any]) -> None:

@@ -105,8 +105,7 @@ def any_rank(flag: bool, device: Device | torch.device) -> bool:
     """True if ``flag`` is true on any rank (every rank must call this at the same point)."""
     if not is_distributed():
         return flag
-    target = device.torch if isinstance(device, Device) else device
-    value = torch.tensor([1.0 if flag else 0.0], device=target)
+    value = torch.tensor([1.0 if flag else 0.0], device=_torch_device(device))
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
 
@@ -115,10 +114,13 @@ def min_across_ranks(value: float, device: Device | torch.device) -> float:
     """The smallest of ``value`` over all ranks (every rank must call this at the same point)."""
     if not is_distributed():
         return value
-    target = device.torch if isinstance(device, Device) else device
-    tensor = torch.tensor([value], dtype=torch.float64, device=target)
+    tensor = torch.tensor([value], dtype=torch.float64, device=_torch_device(device))
     dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
     return float(tensor.item())
+
+
+def _torch_device(device: Device | torch.device) -> torch.device:
+    return device.torch if isinstance(device, Device) else device
 
 
 def sum_across_ranks_(tensor: torch.Tensor, group: Any = None) -> None:

@@ -12,11 +12,11 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 
 from dlscale.errors import StorageError
+from dlscale.runtime.atomic_files import is_temporary_name
 
 log = logging.getLogger("dlscale.train")
 
@@ -129,14 +129,6 @@ def probe_writable(directory: Path) -> None:
             probe.unlink()
 
 
-def remove_stale_probes(directory: Path) -> None:
-    """Remove probe files a killed process left behind (harmless, but they should not pile up)."""
-    with contextlib.suppress(OSError):
-        for entry in directory.glob(f"{PROBE_PREFIX}*"):
-            with contextlib.suppress(OSError):
-                entry.unlink()
-
-
 def check_free_space(directory: Path, checkpoint_bytes: int) -> None:
     """Fail when ``directory`` cannot hold one checkpoint of ``checkpoint_bytes``; warn below two.
 
@@ -174,9 +166,6 @@ def format_bytes(count: float) -> str:
     return f"{count:.1f} TB"
 
 
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
-
-
 def remove_stale_temporaries(directories: list[Path]) -> list[tuple[Path, int]]:
     """Delete the temporary files of atomic writes (``.<name>.tmp-<pid>-<hex>``) in ``directories``.
 
@@ -189,7 +178,7 @@ def remove_stale_temporaries(directories: list[Path]) -> list[tuple[Path, int]]:
         if not directory.is_dir():
             continue
         for entry in directory.iterdir():
-            if not _TEMPORARY.match(entry.name) or not entry.is_file():
+            if not is_temporary_name(entry.name) or not entry.is_file():
                 continue
             try:
                 size = entry.stat().st_size

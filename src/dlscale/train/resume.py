@@ -158,7 +158,7 @@ def load_for_resume(path: Path, checkpoints: CheckpointDir) -> dict[str, Any]:
 
 def recovery_hint(checkpoints: CheckpointDir, broken: Path) -> str:
     """Which of the run's other checkpoints load, and how to continue from one (or what to do if none does)."""
-    loadable = []
+    loadable: list[tuple[Path, str]] = []
     for candidate in checkpoints.other_checkpoints(include_latest=True):
         if candidate.resolve() == broken.resolve():
             continue
@@ -166,13 +166,12 @@ def recovery_hint(checkpoints: CheckpointDir, broken: Path) -> str:
             progress = load_checkpoint(candidate, map_location="cpu").get("progress", {})
         except CheckpointError:
             continue
-        loadable.append(
-            f"{candidate} (epoch {progress.get('epoch', '?')}, global step {progress.get('global_step', '?')})"
-        )
+        position = f"epoch {progress.get('epoch', '?')}, global step {progress.get('global_step', '?')}"
+        loadable.append((candidate, position))
     if loadable:
-        first = loadable[0].split(" (")[0]
+        listed = "; ".join(f"{path} ({position})" for path, position in loadable)
         return (
-            f"Checkpoints of this run that load: {'; '.join(loadable)}. Continue from one with --resume {first} "
+            f"Checkpoints of this run that load: {listed}. Continue from one with --resume {loadable[0][0]} "
             f"(move the damaged file aside to keep it)"
         )
     return (
