@@ -1,40 +1,6 @@
-"""The bodies of the ``dlscale`` subcommands (the parsers live in :mod:`dlscale.cli`)."""
+"""The bodies of the ``dlscale`` subcommands, one module each, and their options.
 
-from __future__ import annotations
-
-import argparse
-
-
-def run(args: argparse.Namespace) -> int:
-    """Dispatch a parsed command line; return the exit status."""
-    if args.command == "train":
-        from dlscale.commands.train import run_train
-
-        return run_train(args)
-    if args.command == "bench":
-        from dlscale.commands.bench import run_bench_command
-
-        return run_bench_command(args)
-    if args.command == "scaling":
-        from dlscale.commands.scaling import run_scaling_command
-
-        return run_scaling_command(args)
-    if args.command == "monitor":
-        from dlscale.commands.monitor import run_monitor_command
-
-        return run_monitor_command(args)
-    if args.command == "plan":
-        from dlscale.commands.plan import run_plan_command
-
-        return run_plan_command(args)
-    if args.command == "data":
-        from dlscale.commands.data import run_data
-
-        return run_data(args)
-    if args.command == "config":
-        from dlscale.commands.info import run_config
-
-        return run_config(args)
-    from dlscale.commands.info import run_info
-
-    return run_info(args)
+:mod:`dlscale.commands.flags` (the flags that set config keys) and :mod:`dlscale.commands.options` (the other
+options) import no torch: :mod:`dlscale.cli` builds its parser from them and imports a command's module only to
+run it.
+"""

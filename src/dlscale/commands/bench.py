@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from dlscale import __version__
-from dlscale.cli import TUTORIAL_FLAGS, tutorial_flag_values
+from dlscale.commands.flags import CONFIG_FLAGS, config_flag_values
 from dlscale.config import RunConfig, load_run_config
 from dlscale.perf.bench import BenchResults, run_benchmark
 from dlscale.perf.sweep import (
@@ -38,52 +38,6 @@ from dlscale.train.setup import build_training, describe_setup
 
 log = logging.getLogger("dlscale.bench")
 
-# Options of this command that set a bench.* key (applied with the tutorial flags, after --set).
-BENCH_FLAGS = {
-    "nwarmup": "bench.nwarmup",
-    "ntrials": "bench.ntrials",
-    "nbatches": "bench.nbatches",
-    "report_freq": "bench.report_freq",
-}
-
-
-def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``dlscale bench`` beyond the config and tutorial flags."""
-    group = parser.add_argument_group("throughput trials (benchy)")
-    group.add_argument(
-        "--sweep",
-        action="append",
-        default=[],
-        metavar="KEY=V1,V2,...",
-        help="run the trials once per value of a config key (dotted or flat, as --set takes); several "
-        "--sweep options run every combination",
-    )
-    group.add_argument("--nwarmup", type=int, help="unrecorded warm-up trials per test (bench.nwarmup)")
-    group.add_argument("--ntrials", type=int, help="recorded trials per test (bench.ntrials)")
-    group.add_argument("--nbatches", type=int, help="timed batches per trial (bench.nbatches)")
-    group.add_argument(
-        "--report_freq", type=int, help="print an iteration's throughput every N batches (bench.report_freq)"
-    )
-    group.add_argument(
-        "--output",
-        metavar="FILE",
-        help="JSON file to write, relative to the current directory (default: bench.output_filename in the "
-        "run directory); with --sweep, the combined JSON, with the table (.md) and plot (.png) beside it",
-    )
-
-
-def bench_flag_values(args: argparse.Namespace) -> dict[str, object]:
-    """The config keys set by the tutorial flags and by this command's own trial options."""
-    values = tutorial_flag_values(args)
-    values.update(
-        {
-            key: getattr(args, flag)
-            for flag, key in BENCH_FLAGS.items()
-            if getattr(args, flag, None) is not None
-        }
-    )
-    return values
-
 
 def command_line(args: argparse.Namespace) -> str:
     """The command as typed, or rebuilt from ``args`` when dlscale was called from Python (``main(argv)``)."""
@@ -91,12 +45,12 @@ def command_line(args: argparse.Namespace) -> str:
         return shlex.join(["dlscale", *sys.argv[1:]])
     words = ["dlscale", "bench", "--yaml_config", str(args.yaml_config), "--config", args.config]
     words += [word for text in args.set for word in ("--set", text)]
-    for flag in {**TUTORIAL_FLAGS, **BENCH_FLAGS}:
-        value = getattr(args, flag, None)
+    for flag in CONFIG_FLAGS:
+        value = getattr(args, flag.name, None)
         if isinstance(value, bool):
-            words.append(f"--{flag}" if value else f"--no-{flag}")
+            words.append(f"--{flag.name}" if value else f"--no-{flag.name}")
         elif value is not None:
-            words += [f"--{flag}", str(value)]
+            words += [f"--{flag.name}", str(value)]
     words += [word for text in args.sweep for word in ("--sweep", text)]
     if args.output:
         words += ["--output", args.output]
@@ -108,7 +62,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     process = detect_process()
     # Console logging from the start, so that messages before the first run directory exists are formatted.
     setup_logging(None, enabled=process.is_main)
-    base = load_run_config(args.yaml_config, args.config, args.set, bench_flag_values(args))
+    base = load_run_config(args.yaml_config, args.config, args.set, config_flag_values(args))
     start_process_group(process, Device.select(process.local_rank), base.parallel.timeout_s)
     finished = False
     try:
@@ -121,7 +75,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 def _run_bench(args: argparse.Namespace) -> int:
     command = command_line(args)
-    flags = bench_flag_values(args)
+    flags = config_flag_values(args)
     output = Path(args.output).expanduser().resolve() if args.output else None
     if not args.sweep:
         cfg = load_run_config(args.yaml_config, args.config, args.set, flags)

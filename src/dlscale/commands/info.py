@@ -6,7 +6,7 @@ import argparse
 import platform
 
 from dlscale import __version__
-from dlscale.cli import tutorial_flag_values
+from dlscale.commands.flags import config_flag_values
 from dlscale.config import config_reference, load_run_config
 
 
@@ -14,7 +14,7 @@ def run_config(args: argparse.Namespace) -> int:
     if args.keys:
         print(config_reference())
         return 0
-    cfg = load_run_config(args.yaml_config, args.config, args.set, tutorial_flag_values(args))
+    cfg = load_run_config(args.yaml_config, args.config, args.set, config_flag_values(args))
     print(cfg.to_yaml(), end="")
     return 0
 

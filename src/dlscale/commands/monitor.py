@@ -21,16 +21,6 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, then erase the screen
 CPU_WINDOW_S = 0.2  # psutil's CPU% needs a window since its previous reading
 
 
-def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``dlscale monitor``."""
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
-    parser.add_argument("--csv", metavar="FILE", help="also append every sample to this CSV file")
-    parser.add_argument("--once", action="store_true", help="print one table and exit (for batch logs)")
-    parser.add_argument(
-        "--count", type=int, metavar="N", help="stop after N refreshes (default: until Ctrl-C)"
-    )
-
-
 def _cell(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import math
 import textwrap
-from pathlib import Path
 from typing import Any
 
 from dlscale.config import load_run_config
@@ -22,8 +21,6 @@ from dlscale.perf.layout_cost import GIB, Layout, ModelShape, TrainingSettings, 
 from dlscale.perf.memory_plan import LayoutEstimate, Plan, model_shape_of, plan, tutorial_comparisons
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
-
-DEFAULT_GPU_MEMORY_GB = 80.0
 
 COLUMNS = (
     f"  {'rank':>4}  {'dp':>2} {'tp':>2} {'cp':>2}  {'batch':>5}  {'params/GPU':>11}  {'states':>6}  "
@@ -37,18 +34,6 @@ LEGEND = (
     "comm = GB each GPU sends per training step."
 )
 REPORT_WIDTH = 110
-
-
-def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``dlscale plan`` (the parser already has --yaml_config, --config and --set)."""
-    parser.add_argument("--gpus", type=int, required=True, help="number of GPUs to lay the run out on")
-    parser.add_argument(
-        "--gpu_memory_gb",
-        type=float,
-        default=DEFAULT_GPU_MEMORY_GB,
-        help=f"memory of one GPU in GB of 2^30 bytes (default {DEFAULT_GPU_MEMORY_GB:g})",
-    )
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write every row as JSON to FILE")
 
 
 def run_plan_command(args: argparse.Namespace) -> int:

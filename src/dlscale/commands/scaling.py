@@ -22,46 +22,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dlscale.perf.scaling import MODES, analyse_scaling, load_bench_runs, scaling_table, write_scaling_outputs
-
-DEFAULT_OUT = Path("scaling")
-
-
-def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``dlscale scaling``."""
-    parser.add_argument(
-        "results",
-        nargs="+",
-        type=Path,
-        metavar="RESULT",
-        help="bench JSON files, or directories searched recursively for *.json (other JSON is skipped)",
-    )
-    parser.add_argument(
-        "--mode",
-        choices=MODES,
-        default="auto",
-        help="weak (same local batch at every GPU count), strong (same global batch), or auto (default: "
-        "read from the records' batch sizes)",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help=f"where scaling.md, scaling.json and scaling.png go (default: the first directory given, "
-        f"else ./{DEFAULT_OUT})",
-    )
-    parser.add_argument(
-        "--allow-mixed",
-        action="store_true",
-        help="combine records of different configs, devices or knobs (refused by default: not comparable)",
-    )
+from dlscale.commands.options import DEFAULT_SCALING_OUT
+from dlscale.perf.scaling import analyse_scaling, load_bench_runs, scaling_table, write_scaling_outputs
 
 
 def output_directory(args: argparse.Namespace) -> Path:
     """--out, else the first results directory (outputs sit beside the records), else ./scaling."""
     if args.out is not None:
         return args.out
-    return next((path for path in args.results if path.is_dir()), DEFAULT_OUT)
+    return next((path for path in args.results if path.is_dir()), DEFAULT_SCALING_OUT)
 
 
 def run_scaling_command(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from dlscale import __version__
-from dlscale.cli import tutorial_flag_values
+from dlscale.commands.flags import config_flag_values
 from dlscale.config import RunConfig, load_run_config
 from dlscale.errors import DlscaleError, TrainingDiverged
 from dlscale.perf.bench import run_benchmark
@@ -43,7 +43,7 @@ log = logging.getLogger("dlscale.train")
 
 
 def run_train(args: argparse.Namespace) -> int:
-    cfg = load_run_config(args.yaml_config, args.config, args.set, tutorial_flag_values(args))
+    cfg = load_run_config(args.yaml_config, args.config, args.set, config_flag_values(args))
     return train(cfg)
 
 

@@ -30,6 +30,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
+from dlscale.commands.options import SCALING_MODES
 from dlscale.errors import DlscaleError
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
@@ -37,7 +38,8 @@ from dlscale.runtime.strict_json import to_json
 log = logging.getLogger("dlscale.scaling")
 
 SCALING_KIND = "dlscale-scaling"  # marks our own scaling.json, so a rerun over the same folder skips it
-MODES = ("auto", "weak", "strong")
+# The modes are listed once, beside the --mode option (a module without torch or matplotlib, for --help).
+MODES = SCALING_MODES
 
 
 class ScalingInputError(DlscaleError):

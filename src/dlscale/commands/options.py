@@ -1,0 +1,90 @@
+"""The options of ``dlscale bench``, ``scaling``, ``monitor`` and ``plan`` that set no config key.
+
+They live apart from the command bodies so that :func:`dlscale.cli.build_parser` imports neither torch nor a
+command's module: ``dlscale --help`` stays fast. The options that set config keys are in
+:mod:`dlscale.commands.flags`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dlscale.commands.flags import BENCH_TRIALS_GROUP, add_group_flags
+
+# --mode of ``dlscale scaling``; the analysis (dlscale.perf.scaling) checks a mode given from Python with it.
+SCALING_MODES = ("auto", "weak", "strong")
+DEFAULT_SCALING_OUT = Path("scaling")
+DEFAULT_GPU_MEMORY_GB = 80.0
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dlscale bench`` beyond the config and tutorial flags: the sweep, the trials, the output."""
+    group = parser.add_argument_group(BENCH_TRIALS_GROUP)
+    group.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="run the trials once per value of a config key (dotted or flat, as --set takes); several "
+        "--sweep options run every combination",
+    )
+    add_group_flags(group, BENCH_TRIALS_GROUP)  # --nwarmup, --ntrials, --nbatches, --report_freq
+    group.add_argument(
+        "--output",
+        metavar="FILE",
+        help="JSON file to write, relative to the current directory (default: bench.output_filename in the "
+        "run directory); with --sweep, the combined JSON, with the table (.md) and plot (.png) beside it",
+    )
+
+
+def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dlscale scaling``."""
+    parser.add_argument(
+        "results",
+        nargs="+",
+        type=Path,
+        metavar="RESULT",
+        help="bench JSON files, or directories searched recursively for *.json (other JSON is skipped)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=SCALING_MODES,
+        default="auto",
+        help="weak (same local batch at every GPU count), strong (same global batch), or auto (default: "
+        "read from the records' batch sizes)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help=f"where scaling.md, scaling.json and scaling.png go (default: the first directory given, "
+        f"else ./{DEFAULT_SCALING_OUT})",
+    )
+    parser.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="combine records of different configs, devices or knobs (refused by default: not comparable)",
+    )
+
+
+def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dlscale monitor``."""
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    parser.add_argument("--csv", metavar="FILE", help="also append every sample to this CSV file")
+    parser.add_argument("--once", action="store_true", help="print one table and exit (for batch logs)")
+    parser.add_argument(
+        "--count", type=int, metavar="N", help="stop after N refreshes (default: until Ctrl-C)"
+    )
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dlscale plan`` (the parser already has --yaml_config, --config and --set)."""
+    parser.add_argument("--gpus", type=int, required=True, help="number of GPUs to lay the run out on")
+    parser.add_argument(
+        "--gpu_memory_gb",
+        type=float,
+        default=DEFAULT_GPU_MEMORY_GB,
+        help=f"memory of one GPU in GB of 2^30 bytes (default {DEFAULT_GPU_MEMORY_GB:g})",
+    )
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write every row as JSON to FILE")
