@@ -28,14 +28,10 @@ def tiny_era5(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def tiny_config(tiny_era5: Path, tmp_path: Path):
     """A function returning the shipped `tiny` config on the session's data, writing runs under tmp_path."""
-    from dlscale.config import load_run_config
+    from run_configs import tiny_run_config
 
     def make(*overrides: str, expdir: Path | None = None, **flags: object):
-        settings = [
-            f"data.root={tiny_era5}",
-            f"log.expdir={expdir or tmp_path / 'runs'}",
-            "log.progress=none",
-        ]
-        return load_run_config(CONFIG_FILE, "tiny", [*settings, *overrides], flags)
+        expdir = expdir or tmp_path / "runs"
+        return tiny_run_config(CONFIG_FILE, tiny_era5, expdir, *overrides, tensorboard=True, **flags)
 
     return make

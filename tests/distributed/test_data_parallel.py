@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from forked_ranks import run_ranks
+from run_configs import tiny_run_config
 
 from dlscale.commands.train import train
-from dlscale.config import load_run_config
 from dlscale.errors import ConfigError
 from dlscale.parallel.data_parallel import wrap_data_parallel
 from dlscale.perf.flops import Utilization, peak_tflops
@@ -25,9 +26,7 @@ from dlscale.train.observer import Observer
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
 
 
-def tiny(data: Path, expdir: Path, *overrides: str):
-    settings = [f"data.root={data}", f"log.expdir={expdir}", "log.progress=none", "log.tensorboard=false"]
-    return load_run_config(CONFIG_FILE, "tiny", [*settings, *overrides])
+tiny = partial(tiny_run_config, CONFIG_FILE)  # tiny(data, expdir, *overrides, name="tiny", **flags)
 
 
 class KeepWeights(Observer):

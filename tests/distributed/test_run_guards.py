@@ -4,6 +4,7 @@ the run directory is held by another run (rank 0 holds the lock; nobody waits fo
 from __future__ import annotations
 
 import shutil
+from functools import partial
 from pathlib import Path
 
 import h5py
@@ -11,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 from forked_ranks import run_ranks
+from run_configs import tiny_run_config
 
 from dlscale.commands.train import train
-from dlscale.config import load_run_config
 from dlscale.errors import DlscaleError
 from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import start_process_group, stop_process_group
@@ -26,9 +27,7 @@ from dlscale.train.observer import Observer
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
 
 
-def tiny(data: Path, expdir: Path, *overrides: str):
-    settings = [f"data.root={data}", f"log.expdir={expdir}", "log.progress=none", "log.tensorboard=false"]
-    return load_run_config(CONFIG_FILE, "tiny", [*settings, *overrides])
+tiny = partial(tiny_run_config, CONFIG_FILE)  # tiny(data, expdir, *overrides, name="tiny", **flags)
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 from follows_eager import Losses, assert_follows_eager, train_and_keep_losses
+from run_configs import tiny_run_config
 
 from dlscale.cli import main
 from dlscale.commands.train import train
-from dlscale.config import load_run_config
 from dlscale.data.synth_cifar import PRESETS, write_synthetic_cifar
 from dlscale.runtime.local_ranks import run_ranks
 from dlscale.train.checkpoint import load_checkpoint
@@ -31,9 +32,7 @@ def tiny_cifar(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def tiny(data: Path, expdir: Path, *overrides: str):
-    settings = [f"data.root={data}", f"log.expdir={expdir}", "log.progress=none", "log.tensorboard=false"]
-    return load_run_config(CONFIG_FILE, "tiny", [*settings, *overrides])
+tiny = partial(tiny_run_config, CONFIG_FILE)  # tiny(data, expdir, *overrides, name="tiny", **flags)
 
 
 def history(expdir: Path) -> list[dict]:

@@ -4,6 +4,7 @@ and bf16 and torch.compile follow the eager fp32 losses."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -11,10 +12,10 @@ import pytest
 import torch
 import torch._inductor.config as inductor_config
 from follows_eager import Losses, assert_follows_eager, train_and_keep_losses
+from run_configs import tiny_run_config
 
 from dlscale.cli import main
 from dlscale.commands.train import train
-from dlscale.config import load_run_config
 from dlscale.runtime.local_ranks import run_ranks
 from dlscale.train.checkpoint import load_checkpoint
 
@@ -29,9 +30,7 @@ def tiny_mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def tiny(data: Path, expdir: Path, *overrides: str):
-    settings = [f"data.root={data}", f"log.expdir={expdir}", "log.progress=none", "log.tensorboard=false"]
-    return load_run_config(CONFIG_FILE, "tiny", [*settings, *overrides])
+tiny = partial(tiny_run_config, CONFIG_FILE)  # tiny(data, expdir, *overrides, name="tiny", **flags)
 
 
 def final_checkpoint(expdir: Path) -> dict:

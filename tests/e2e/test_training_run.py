@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from run_configs import tiny_run_config
 
 from dlscale.commands.train import train
 from dlscale.config import load_run_config
@@ -282,13 +283,10 @@ def test_the_tutorial_short_config_trains_at_full_size_on_the_real_grid(tmp_path
 
     spec = SynthERA5Spec(height=361, width=720, steps_per_year=3, train_years=1, valid_years=1, test_years=0)
     data = write_synthetic_era5(tmp_path / "era5", spec)
-    settings = [
-        f"data.root={data}",
-        f"log.expdir={tmp_path / 'runs'}",
-        "log.progress=none",
-        "limit_nsamples_val=1",
-    ]
-    cfg = load_run_config(CONFIG_FILE, "short", settings, {"train.local_batch_size": 1, "train.num_iters": 1})
+    flags = {"train.local_batch_size": 1, "train.num_iters": 1}
+    cfg = tiny_run_config(
+        CONFIG_FILE, data, tmp_path / "runs", "limit_nsamples_val=1", name="short", tensorboard=True, **flags
+    )
     assert train(cfg) == 0
     log = (run_dir(cfg) / "out.log").read_text()
     assert "ViT with 23,832,960 parameters: embed 384, depth 12, patch 8, 4050 tokens (45x90)" in log

@@ -3,17 +3,18 @@ follow the eager fp32 losses."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from follows_eager import Losses, assert_follows_eager, train_and_keep_losses
+from run_configs import tiny_run_config
 from test_training_run import StopAtStep
 
 from dlscale.cli import main
 from dlscale.commands.train import train
-from dlscale.config import load_run_config
 from dlscale.data.synth_cosmo import generate
 from dlscale.runtime.local_ranks import run_ranks
 from dlscale.train.checkpoint import load_checkpoint
@@ -27,9 +28,7 @@ def tiny_cosmo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return generate(tmp_path_factory.mktemp("data") / "cosmo_tiny", "tiny")
 
 
-def tiny(data: Path, expdir: Path, *overrides: str, name: str = "tiny", **flags):
-    settings = [f"data.root={data}", f"log.expdir={expdir}", "log.progress=none", "log.tensorboard=false"]
-    return load_run_config(CONFIG_FILE, name, [*settings, *overrides], flags)
+tiny = partial(tiny_run_config, CONFIG_FILE)  # tiny(data, expdir, *overrides, name="tiny", **flags)
 
 
 class KeepReports(Observer):

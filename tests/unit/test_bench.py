@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -52,7 +51,7 @@ class FakeClock:
 
 
 class CountingLoader:
-    """``num_batches`` distinct batches per pass; ``cost()`` runs before each (a sleep, or a fake clock)."""
+    """``num_batches`` distinct batches per pass; ``cost()`` runs before each (it advances a fake clock)."""
 
     def __init__(self, num_batches: int, batch_size: int = 4, cost=lambda: None):
         self.num_batches, self.batch_size, self.cost = num_batches, batch_size, cost
@@ -327,21 +326,27 @@ def test_utilization_of_synthetic_and_full_is_per_gpu_and_printed_after_the_summ
     assert "fake peak" in bench_lines[last_summary + 1]
 
 
-# ---- the verdict from real (slept) timings ----------------------------------------------------------------
+# ---- the verdict from measured timings (on the fake clock, so a loaded machine cannot flip it) -----------
+
+
+def slow_part_setup(batch_s: float, step_s: float):
+    """A batch costs ``batch_s`` and a step ``step_s`` seconds of a fake clock; 2 trials of 5 batches."""
+    clock = FakeClock()
+    loader = CountingLoader(num_batches=50, cost=lambda: clock.advance(batch_s))
+    step = CountingStep(cost=lambda: clock.advance(step_s))
+    return fake_setup(bench_config("nwarmup=0", "ntrials=2", "nbatches=5"), loader, step), clock
 
 
 def test_a_slow_dataset_is_reported_io_bound(tmp_path):
-    loader = CountingLoader(num_batches=50, cost=lambda: time.sleep(0.01))
-    setup = fake_setup(bench_config("nwarmup=0", "ntrials=2", "nbatches=5"), loader, CountingStep())
-    results = run_benchmark(setup, tmp_path)
+    setup, clock = slow_part_setup(batch_s=0.01, step_s=0.001)
+    results = run_benchmark(setup, tmp_path, clock=clock)
     assert results.verdict.kind == "IO-bound", results.verdict.line()
     assert json.loads((tmp_path / "benchy_result.json").read_text())["verdict"]["kind"] == "IO-bound"
 
 
 def test_a_slow_model_is_reported_compute_bound(tmp_path):
-    step = CountingStep(cost=lambda: time.sleep(0.01))
-    setup = fake_setup(bench_config("nwarmup=0", "ntrials=2", "nbatches=5"), CountingLoader(50), step)
-    results = run_benchmark(setup, tmp_path)
+    setup, clock = slow_part_setup(batch_s=0.001, step_s=0.01)
+    results = run_benchmark(setup, tmp_path, clock=clock)
     assert results.verdict.kind == "compute-bound", results.verdict.line()
 
 
@@ -436,9 +441,7 @@ def test_each_test_reports_the_energy_and_power_of_the_gpu(tmp_path, bench_lines
             ConstantGpu.closed = True
 
     monkeypatch.setattr("dlscale.perf.bench.open_gpu_backend", lambda indices: ConstantGpu())
-    loader = CountingLoader(num_batches=3, cost=lambda: time.sleep(0.01))
-    step = CountingStep(cost=lambda: time.sleep(0.03))
-    setup = fake_setup(bench_config("nwarmup=1", "ntrials=2", "nbatches=4"), loader, step)
+    setup, clock = fake_clock_setup()  # the power sampler keeps its own real clock: energy needs only time
     setup.device = SimpleNamespace(
         is_gpu=True,
         name="Fake H100",
@@ -448,7 +451,7 @@ def test_each_test_reports_the_energy_and_power_of_the_gpu(tmp_path, bench_lines
         peak_memory_gb=lambda: None,
         move=lambda t: t,
     )
-    results = run_benchmark(setup, tmp_path)
+    results = run_benchmark(setup, tmp_path, clock=clock)
     for name, series in results.tests.items():
         energy = series.energy
         # recorded trials x batches x local batch; SYNTHETIC also trains one untimed step per trial
