@@ -50,10 +50,10 @@ import dlscale
 from dlscale.config import load_run_config
 from dlscale.data.era5_layout import FIELDS_KEY
 from dlscale.perf.bench import run_trials
+from dlscale.run.assembly import build_training
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
-from dlscale.train.setup import build_training
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 0.8
@@ -192,8 +192,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         ]
         cfg = load_run_config(args.yaml_config, args.config, overrides)
         device = Device.select()
-        setup = build_training(cfg, Path(run_dir), ProcessInfo(), device, resume=False)
-        dataset = setup.datasets["train"]
+        run = build_training(cfg, Path(run_dir), ProcessInfo(), device, resume=False)
+        setup = run.setup
+        dataset = run.datasets["train"]
         samples_per_trial = args.nbatches * setup.local_batch_size
         trials = trial_indices(setup.train_sampler, args.nwarmup, args.ntrials, samples_per_trial)
         reader = RawReader(dataset)
@@ -210,7 +211,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             raw_two_reads += raw_rates(reader.read_twice, recorded)
             batch_reads += batch_read_rates(unnormalized.read_batch, recorded, batch)
             batch_reads_normalized += batch_read_rates(dataset.read_batch, recorded, batch)
-            io += run_trials(setup)["IO"].trial_throughput
+            io += run_trials(setup, cfg.bench)["IO"].trial_throughput
         reader.close()
     return {
         "raw": raw,

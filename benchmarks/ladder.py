@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 
 from dlscale import __version__
-from dlscale.commands.bench import bench_one_config
 from dlscale.config import load_run_config
 from dlscale.data.synth_era5 import existing_spec, spec_from_preset, write_synthetic_era5
 from dlscale.perf.bench_plot import save_figure, throughput_figure
 from dlscale.perf.bench_report import TEST_NAMES
 from dlscale.report.run_dir import setup_logging
+from dlscale.run.bench import bench_one_config
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.device import Device
 

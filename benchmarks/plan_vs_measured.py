@@ -55,10 +55,11 @@ from matplotlib.figure import Figure
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from dlscale import __version__
-from dlscale.models.vit import VisionTransformer, ViTConfig
+from dlscale.models.vit import VisionTransformer
+from dlscale.models.vit_config import ViTConfig
 from dlscale.parallel.data_parallel import wrap_data_parallel
-from dlscale.parallel.layout import ParallelConfig
 from dlscale.parallel.mesh import MeshShape, ParallelMesh
+from dlscale.parallel.parallel_config import ParallelConfig
 from dlscale.parallel.vit_parallel import parallelize_vit
 from dlscale.perf.layout_cost import (
     Layout,

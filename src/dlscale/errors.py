@@ -6,6 +6,9 @@ exit status the CLI returns for it, so a batch script can tell the cases apart (
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class DlscaleError(Exception):
     """Base class: bad input that the user can correct (config, data, checkpoint, launch)."""
@@ -54,3 +57,14 @@ class RunDirectoryLocked(DlscaleError):
     """Another run holds the run directory; starting a second one there would corrupt both."""
 
     exit_code = 75  # EX_TEMPFAIL of sysexits.h: the same command works once the other run has ended
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """Return ``" (did you mean 'x'?)"`` for the closest candidate, or an empty string when none is close."""
+    matches = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1, cutoff=0.5)
+    return f" (did you mean {matches[0]!r}?)" if matches else ""
+
+
+def config_location(source: str, name: str) -> str:
+    """``file [config 'name']``: how messages name a config (its file and its section)."""
+    return f"{source} [config {name!r}]"

@@ -8,12 +8,14 @@ import copy
 import numpy as np
 import torch
 
-from dlscale.models.vit import VisionTransformer, ViTConfig
+from dlscale.checkpoint.sharded_state import full_model_state
+from dlscale.models.vit import VisionTransformer
+from dlscale.models.vit_config import ViTConfig
 from dlscale.parallel.collectives import split_sizes
 from dlscale.parallel.data_parallel import wrap_data_parallel
-from dlscale.parallel.layout import ParallelConfig
 from dlscale.parallel.mesh import MeshShape, ParallelMesh
-from dlscale.parallel.sharded_state import clip_grad_norm_sharded, full_model_state
+from dlscale.parallel.parallel_config import ParallelConfig
+from dlscale.parallel.shard_specs import clip_grad_norm_sharded
 from dlscale.parallel.vit_parallel import parallelize_vit
 from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import start_process_group, stop_process_group
@@ -116,7 +118,7 @@ def train_side_by_side(
 
 
 def _full(model: torch.nn.Module, grads: dict) -> dict[str, np.ndarray]:
-    from dlscale.parallel.sharded_state import shard_specs
+    from dlscale.parallel.shard_specs import shard_specs
 
     specs = shard_specs(model)
     return {name: (specs[name].gather(g) if name in specs else g).numpy().copy() for name, g in grads.items()}

@@ -14,13 +14,13 @@ import torch
 from forked_ranks import run_ranks
 from run_configs import tiny_run_config
 
-from dlscale.commands.train import train
+from dlscale.checkpoint.files import load_checkpoint
 from dlscale.errors import ConfigError
 from dlscale.parallel.data_parallel import wrap_data_parallel
 from dlscale.perf.flops import Utilization, peak_tflops
+from dlscale.run.training import train
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
-from dlscale.train.checkpoint import load_checkpoint
 from dlscale.train.observer import Observer
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"

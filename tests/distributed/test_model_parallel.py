@@ -16,7 +16,7 @@ from forked_ranks import run_ranks
 from model_parallel_ranks import saved_activation_bytes, train_side_by_side
 from test_data_parallel import StopAtStep, assert_close_weights, checkpoint, tiny
 
-from dlscale.commands.train import train
+from dlscale.run.training import train
 
 TOLERANCE = 1e-5
 
@@ -201,7 +201,8 @@ def refusal(rank: int, tp: int, cp: int, img_size: tuple[int, int], heads: int, 
     from model_parallel_ranks import start_mesh
 
     from dlscale.errors import ConfigError
-    from dlscale.models.vit import VisionTransformer, ViTConfig
+    from dlscale.models.vit import VisionTransformer
+    from dlscale.models.vit_config import ViTConfig
     from dlscale.parallel.vit_parallel import parallelize_vit
     from dlscale.runtime.distributed import stop_process_group
 

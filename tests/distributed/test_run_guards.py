@@ -14,13 +14,13 @@ import torch
 from forked_ranks import run_ranks
 from run_configs import tiny_run_config
 
-from dlscale.commands.train import train
+from dlscale.checkpoint.files import load_checkpoint
 from dlscale.errors import DlscaleError
+from dlscale.run.training import train
 from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import start_process_group, stop_process_group
 from dlscale.runtime.launch import detect_process
 from dlscale.runtime.run_lock import RunDirectoryLock
-from dlscale.train.checkpoint import load_checkpoint
 from dlscale.train.nonfinite import NonFiniteWatch
 from dlscale.train.observer import Observer
 

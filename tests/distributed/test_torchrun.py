@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.train.checkpoint import load_checkpoint
+from dlscale.checkpoint.files import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.commands.train import train
+from dlscale.run.training import train
 from dlscale.train.observer import Observer
 
 # torch.compile (inductor, CPU) runs the same float32 arithmetic as eager, but in its own generated kernels: fused

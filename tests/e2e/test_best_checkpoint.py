@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from test_training_run import assert_bitwise_equal, run_dir
 
-from dlscale.commands.train import train
-from dlscale.train.checkpoint import load_checkpoint
+from dlscale.checkpoint.files import load_checkpoint
+from dlscale.run.training import train
 from dlscale.train.observer import Observer
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlscale.train.checkpoint import load_checkpoint
+from dlscale.checkpoint.files import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_FILE = REPO / "configs" / "vit_era5.yaml"

@@ -13,9 +13,9 @@ import h5py
 import pytest
 import torch
 
-from dlscale.commands.train import train
+from dlscale.checkpoint.files import load_checkpoint
 from dlscale.errors import DataError, TrainingDiverged
-from dlscale.train.checkpoint import load_checkpoint
+from dlscale.run.training import train
 from dlscale.train.observer import Observer
 
 NAN_TIME = 3  # the time index made NaN in the first training file: samples 2 (its target) and 3 (its input)

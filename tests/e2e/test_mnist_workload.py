@@ -14,10 +14,10 @@ import torch._inductor.config as inductor_config
 from follows_eager import Losses, assert_follows_eager, train_and_keep_losses
 from run_configs import tiny_run_config
 
+from dlscale.checkpoint.files import load_checkpoint
 from dlscale.cli import main
-from dlscale.commands.train import train
+from dlscale.run.training import train
 from dlscale.runtime.local_ranks import run_ranks
-from dlscale.train.checkpoint import load_checkpoint
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "cnn_mnist.yaml"
 

@@ -17,10 +17,10 @@ import pytest
 from test_training_run import StopAtStep
 
 import dlscale.runtime.atomic_files as atomic_files
-from dlscale.commands.train import train
+from dlscale.checkpoint.files import load_checkpoint
 from dlscale.errors import CheckpointError, RunDirectoryLocked, StorageError
+from dlscale.run.training import train
 from dlscale.runtime.run_lock import LOCK_NAME, RunDirectoryLock
-from dlscale.train.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 

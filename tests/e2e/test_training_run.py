@@ -11,10 +11,10 @@ import torch
 import yaml
 from run_configs import tiny_run_config
 
-from dlscale.commands.train import train
+from dlscale.checkpoint.files import load_checkpoint
 from dlscale.config import load_run_config
 from dlscale.errors import CheckpointError
-from dlscale.train.checkpoint import load_checkpoint
+from dlscale.run.training import train
 from dlscale.train.observer import Observer
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
@@ -215,7 +215,7 @@ def test_resuming_into_an_incompatible_run_fails_clearly(tiny_config, change, me
 
 
 def test_a_checkpoint_of_another_workload_is_not_resumed(tiny_config):
-    from dlscale.train.checkpoint import load_checkpoint, save_checkpoint
+    from dlscale.checkpoint.files import load_checkpoint, save_checkpoint
 
     cfg = tiny_config()
     train(cfg, extra_observers=[StopAtStep(3)])

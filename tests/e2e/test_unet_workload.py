@@ -13,11 +13,11 @@ from follows_eager import Losses, assert_follows_eager, train_and_keep_losses
 from run_configs import tiny_run_config
 from test_training_run import StopAtStep
 
+from dlscale.checkpoint.files import load_checkpoint
 from dlscale.cli import main
-from dlscale.commands.train import train
 from dlscale.data.synth_cosmo import generate
+from dlscale.run.training import train
 from dlscale.runtime.local_ranks import run_ranks
-from dlscale.train.checkpoint import load_checkpoint
 from dlscale.train.observer import Observer
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "unet_cosmo.yaml"

@@ -124,7 +124,8 @@ def no_hard_links(source, target) -> None:
 def test_checkpoints_and_their_best_copy_are_durable_before_they_replace_the_old_ones(
     tmp_path: Path, monkeypatch, hard_links: bool
 ):
-    from dlscale.train.checkpoint import CheckpointDir, save_checkpoint
+    from dlscale.checkpoint.directory import CheckpointDir
+    from dlscale.checkpoint.files import save_checkpoint
 
     single = tmp_path / "single" / "ckpt.pt"
     payload = {"model": {"weight": torch.arange(1000.0)}, "progress": {"global_step": 3}}

@@ -15,15 +15,10 @@ from dlscale.cli import main
 from dlscale.config import load_run_config
 from dlscale.errors import ConfigError, DataError
 from dlscale.parallel.mesh import MeshShape, ParallelMesh
-from dlscale.perf.bench import run_benchmark, run_trials
-from dlscale.perf.bench_report import (
-    BOUND_MARGIN,
-    OVERHEAD_MARGIN,
-    TrialSeries,
-    decide_bottleneck,
-    switched_on_knobs,
-)
+from dlscale.perf.bench import run_trials
+from dlscale.perf.bench_report import BOUND_MARGIN, OVERHEAD_MARGIN, TrialSeries, decide_bottleneck
 from dlscale.perf.sweep import SweepSpec, flags_not_swept, parse_sweep, sweep_points
+from dlscale.run.bench import run_benchmark, switched_on_knobs
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 
@@ -193,7 +188,7 @@ def test_io_trials_drain_the_loader_restarting_it_with_new_epochs_and_never_trai
     loader, step = CountingLoader(num_batches=3), CountingStep()
     cfg = bench_config("run_synthetic=false", "run_full=false", "nwarmup=1", "ntrials=2", "nbatches=5")
     setup = fake_setup(cfg, loader, step)
-    tests = run_trials(setup)
+    tests = run_trials(setup, setup.config.bench)
     assert loader.fetched == (1 + 2) * 5
     assert step.calls == []
     assert loader.passes == 5 and setup.train_sampler.epochs == [0, 1, 2, 3, 4]
@@ -204,7 +199,7 @@ def test_synthetic_trials_fetch_one_batch_and_train_on_that_same_tensor():
     loader, step = CountingLoader(num_batches=3), CountingStep()
     cfg = bench_config("run_io=false", "run_full=false", "nwarmup=1", "ntrials=2", "nbatches=5")
     setup = fake_setup(cfg, loader, step)
-    run_trials(setup)
+    run_trials(setup, setup.config.bench)
     assert loader.fetched == 1
     assert len(step.calls) == (1 + 2) * (5 + 1)  # the first step of each trial is untimed
     first_inputs = step.calls[0][0]
@@ -216,7 +211,7 @@ def test_full_trials_train_on_distinct_fresh_batches():
     loader, step = CountingLoader(num_batches=4), CountingStep()
     cfg = bench_config("run_io=false", "run_synthetic=false", "nwarmup=1", "ntrials=2", "nbatches=5")
     setup = fake_setup(cfg, loader, step)
-    run_trials(setup)
+    run_trials(setup, setup.config.bench)
     assert len(step.calls) == (1 + 2) * 5 == loader.fetched
     assert len({inputs[0, 0].item() for inputs, _, _ in step.calls}) == len(step.calls)
     assert len({id(inputs) for inputs, _, _ in step.calls}) == len(step.calls)
@@ -227,7 +222,7 @@ def test_an_empty_loader_is_an_error_not_an_endless_loop():
         bench_config("run_synthetic=false", "run_full=false"), CountingLoader(0), CountingStep()
     )
     with pytest.raises(DataError, match="no batches"):
-        run_trials(setup)
+        run_trials(setup, setup.config.bench)
 
 
 # ---- output: lines, JSON, global samples/s ----------------------------------------------------------------
@@ -244,7 +239,7 @@ def fake_clock_setup(world_size: int = 1, utilization=None, *overrides: str):
 
 def test_output_lines_and_json_follow_benchy(tmp_path, bench_lines):
     setup, clock = fake_clock_setup()
-    results = run_benchmark(setup, tmp_path, clock=clock, command="dlscale bench --config tiny")
+    results = run_benchmark(setup.config, setup, tmp_path, clock=clock, command="dlscale bench --config tiny")
 
     summary = [line for line in bench_lines if line.startswith("BENCHY::SUMMARY::")]
     assert len(summary) == 3
@@ -291,8 +286,8 @@ def test_output_lines_and_json_follow_benchy(tmp_path, bench_lines):
 def test_throughput_counts_samples_of_all_ranks(tmp_path):
     setup1, clock1 = fake_clock_setup(world_size=1)
     setup2, clock2 = fake_clock_setup(world_size=2)
-    one = run_benchmark(setup1, tmp_path / "one", clock=clock1)
-    two = run_benchmark(setup2, tmp_path / "two", clock=clock2)
+    one = run_benchmark(setup1.config, setup1, tmp_path / "one", clock=clock1)
+    two = run_benchmark(setup2.config, setup2, tmp_path / "two", clock=clock2)
     for name in ("IO", "SYNTHETIC", "FULL"):
         assert two.tests[name].trial_throughput == pytest.approx(
             [2 * x for x in one.tests[name].trial_throughput]
@@ -302,7 +297,7 @@ def test_throughput_counts_samples_of_all_ranks(tmp_path):
 
 def test_skipped_tests_print_nothing_and_keep_empty_json_entries(tmp_path, bench_lines):
     setup, clock = fake_clock_setup(1, None, "run_io=false")
-    run_benchmark(setup, tmp_path, output_path=tmp_path / "out" / "bench.json", clock=clock)
+    run_benchmark(setup.config, setup, tmp_path, output_path=tmp_path / "out" / "bench.json", clock=clock)
     assert not any(line.startswith("BENCHY::IO") or "::IO average" in line for line in bench_lines)
     record = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert record["IO"] == {"rates": [], "avg_iter_throughput": [], "trial_throughput": [], "trial_time": []}
@@ -316,7 +311,7 @@ def test_utilization_of_synthetic_and_full_is_per_gpu_and_printed_after_the_summ
         describe=lambda: "fake peak",
     )
     setup, clock = fake_clock_setup(2, utilization)
-    results = run_benchmark(setup, tmp_path, clock=clock)
+    results = run_benchmark(setup.config, setup, tmp_path, clock=clock)
     full_per_gpu = results.tests["FULL"].mean / 2
     expected = {"tflops_per_gpu": full_per_gpu / 1000, "mfu": full_per_gpu / 10000}
     assert results.utilization["FULL"] == pytest.approx(expected)
@@ -339,14 +334,14 @@ def slow_part_setup(batch_s: float, step_s: float):
 
 def test_a_slow_dataset_is_reported_io_bound(tmp_path):
     setup, clock = slow_part_setup(batch_s=0.01, step_s=0.001)
-    results = run_benchmark(setup, tmp_path, clock=clock)
+    results = run_benchmark(setup.config, setup, tmp_path, clock=clock)
     assert results.verdict.kind == "IO-bound", results.verdict.line()
     assert json.loads((tmp_path / "benchy_result.json").read_text())["verdict"]["kind"] == "IO-bound"
 
 
 def test_a_slow_model_is_reported_compute_bound(tmp_path):
     setup, clock = slow_part_setup(batch_s=0.001, step_s=0.01)
-    results = run_benchmark(setup, tmp_path, clock=clock)
+    results = run_benchmark(setup.config, setup, tmp_path, clock=clock)
     assert results.verdict.kind == "compute-bound", results.verdict.line()
 
 
@@ -451,7 +446,7 @@ def test_each_test_reports_the_energy_and_power_of_the_gpu(tmp_path, bench_lines
         peak_memory_gb=lambda: None,
         move=lambda t: t,
     )
-    results = run_benchmark(setup, tmp_path, clock=clock)
+    results = run_benchmark(setup.config, setup, tmp_path, clock=clock)
     for name, series in results.tests.items():
         energy = series.energy
         # recorded trials x batches x local batch; SYNTHETIC also trains one untimed step per trial

@@ -12,18 +12,19 @@ import numpy as np
 import pytest
 import torch
 
-from dlscale.errors import CheckpointError, StorageError
-from dlscale.runtime import rng as rng_module
-from dlscale.runtime.rng import capture_rng_state, restore_rng_state, seed_everything
-from dlscale.train import checkpoint as ckpt_module
-from dlscale.train.checkpoint import (
+from dlscale.checkpoint import directory as directory_module
+from dlscale.checkpoint import files as ckpt_module
+from dlscale.checkpoint.directory import CheckpointDir
+from dlscale.checkpoint.files import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
-    CheckpointDir,
     load_checkpoint,
     load_model_state,
     save_checkpoint,
 )
+from dlscale.errors import CheckpointError, StorageError
+from dlscale.runtime import rng as rng_module
+from dlscale.runtime.rng import capture_rng_state, restore_rng_state, seed_everything
 
 
 class TinyNet(torch.nn.Module):
@@ -502,7 +503,7 @@ def test_pruning_waits_for_the_new_numbered_copy(tmp_path, monkeypatch):
     def failing_copy(source, target):
         raise CheckpointError(f"{target}: simulated failure")
 
-    monkeypatch.setattr(ckpt_module, "_publish_copy", failing_copy)
+    monkeypatch.setattr(directory_module, "_publish_copy", failing_copy)
     with pytest.raises(CheckpointError, match="simulated"):
         run.save({"progress": {"global_step": 2}})
     assert [p.name for p in run.numbered_paths()] == ["ckpt_step00000001.pt"]
@@ -512,7 +513,7 @@ def test_numbered_copies_without_hard_links(tmp_path, monkeypatch):
     def no_links(*args, **kwargs):
         raise OSError(1, "Operation not permitted")
 
-    monkeypatch.setattr(ckpt_module.os, "link", no_links)
+    monkeypatch.setattr(directory_module.os, "link", no_links)
     run = CheckpointDir(tmp_path, keep_last=1)
     run.save({"progress": {"global_step": 1}, "x": torch.arange(3)}, is_best=True)
     assert run.best_path.read_bytes() == run.latest_path.read_bytes()

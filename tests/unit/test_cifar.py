@@ -16,16 +16,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from dlscale.cli import main
 from dlscale.config import load_run_config
 from dlscale.data import synth_cifar
-from dlscale.data.cifar import (
-    BINARY_DIR,
-    RECORD_BYTES,
-    CIFARDataConfig,
-    CIFARDataset,
-    read_records,
-)
+from dlscale.data.cifar import BINARY_DIR, RECORD_BYTES, CIFARDataset, read_records
+from dlscale.data.cifar_config import CIFARDataConfig
 from dlscale.data.synth_cifar import MANIFEST, PRESETS, SynthCIFARSpec, existing_spec, write_synthetic_cifar
 from dlscale.errors import ConfigError, DataError
-from dlscale.models.resnet import ResNet, ResNetConfig, count_parameters, resnet_flops_per_sample
+from dlscale.models.resnet import ResNet, count_parameters, resnet_flops_per_sample
+from dlscale.models.resnet_config import ResNetConfig
 from dlscale.workloads import get_workload
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "resnet_cifar.yaml"

@@ -19,10 +19,10 @@ from dlscale.config.yaml_source import (
     read_config_file,
     resolve_section,
 )
-from dlscale.data.era5_layout import ERA5DataConfig
+from dlscale.data.era5_config import ERA5DataConfig
 from dlscale.errors import ConfigError
-from dlscale.models.vit import ViTConfig
-from dlscale.report.run_dir import LogConfig
+from dlscale.models.vit_config import ViTConfig
+from dlscale.report.log_config import LogConfig
 
 
 def write(tmp_path: Path, text: str, name: str = "cfg.yaml") -> Path:

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from dlscale.cli import main
-from dlscale.data.cosmo import CosmoCropDataset, CosmoDataConfig
+from dlscale.data.cosmo import CosmoCropDataset
+from dlscale.data.cosmo_config import CosmoDataConfig
 from dlscale.data.gpu_pipeline import GpuPipeline
-from dlscale.data.loader import LoaderConfig
+from dlscale.data.loader_config import LoaderConfig
 from dlscale.data.normalization import EpochIndex
 from dlscale.data.orientations import (
     NUM_ORIENTATIONS,

@@ -22,7 +22,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset
 from dlscale.data.batch_reads import BatchesAsItems
 from dlscale.data.era5 import ERA5Dataset
 from dlscale.data.gpu_pipeline import READER_THREAD_PREFIX, GpuPipeline
-from dlscale.data.loader import LoaderConfig
+from dlscale.data.loader_config import LoaderConfig
 from dlscale.data.normalization import ChannelNormalizer, SupportsDeviceNormalization
 from dlscale.data.pipeline import build_batch_source
 from dlscale.data.prefetch import DevicePrefetcher

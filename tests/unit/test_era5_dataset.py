@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from dlscale.data import era5 as era5_module
-from dlscale.data.era5 import ERA5_CHANNELS, ERA5DataConfig, ERA5Dataset
+from dlscale.data.era5 import ERA5_CHANNELS, ERA5Dataset
+from dlscale.data.era5_config import ERA5DataConfig
 from dlscale.errors import DataError, InvalidValue
 
 YEARS = ("1990", "1991", "1992")

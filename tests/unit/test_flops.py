@@ -10,7 +10,8 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from dlscale.models.vit import VisionTransformer, ViTConfig, vit_flops_per_sample
+from dlscale.models.vit import VisionTransformer, vit_flops_per_sample
+from dlscale.models.vit_config import ViTConfig
 from dlscale.perf.flops import (
     PEAK_TFLOPS,
     FlopsEstimate,

@@ -15,7 +15,8 @@ from torch import nn
 from dlscale.commands.plan import describe_requested
 from dlscale.config import load_run_config
 from dlscale.errors import InvalidValue
-from dlscale.models.vit import Attention, VisionTransformer, ViTConfig, count_parameters
+from dlscale.models.vit import Attention, VisionTransformer, count_parameters
+from dlscale.models.vit_config import ViTConfig
 from dlscale.perf.layout_cost import (
     GIB,
     Layout,

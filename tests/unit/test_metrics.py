@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from dlscale.data.era5 import ERA5DataConfig, ERA5Dataset
+from dlscale.data.era5 import ERA5Dataset
+from dlscale.data.era5_config import ERA5DataConfig
 from dlscale.data.synth_era5 import SynthERA5Spec, write_synthetic_era5
 from dlscale.errors import ConfigError
 from dlscale.train.metrics import (

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from dlscale.config import load_run_config
-from dlscale.data.mnist import MNISTDataConfig, MNISTDataset
+from dlscale.data.mnist import MNISTDataset
+from dlscale.data.mnist_config import MNISTDataConfig
 from dlscale.data.synth_mnist import PRESETS, generate, glyph_segments, synth_split
 from dlscale.errors import ConfigError, DataError, InvalidValue
-from dlscale.models.cnn import CNNConfig, MnistCNN, count_parameters
+from dlscale.models.cnn import MnistCNN, count_parameters
+from dlscale.models.cnn_config import CNNConfig
 from dlscale.workloads.cnn_mnist import MnistEvaluator
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "cnn_mnist.yaml"

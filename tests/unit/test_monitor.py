@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from dlscale.cli import main
-from dlscale.parallel.layout import ParallelConfig
+from dlscale.parallel.parallel_config import ParallelConfig
 from dlscale.perf.monitor import (
     NO_GPU_MESSAGE,
     GpuStats,
@@ -26,7 +26,7 @@ from dlscale.perf.monitor import (
 )
 from dlscale.perf.monitor_config import MonitorConfig
 from dlscale.perf.monitor_observer import MetricsCsv, MonitorObserver, gather_across_ranks, write_tensorboard
-from dlscale.report.run_dir import LogConfig
+from dlscale.report.log_config import LogConfig
 from dlscale.runtime.gpu_metrics import GpuReading, HostReading
 from dlscale.runtime.local_ranks import run_ranks
 
@@ -196,9 +196,6 @@ def fake_trainer(run_dir: Path, gpu: bool):
         run_dir=run_dir,
         process=SimpleNamespace(rank=0, world_size=1, local_rank=0),
         device=SimpleNamespace(is_gpu=gpu, torch=SimpleNamespace(index=0) if gpu else "cpu"),
-        config=SimpleNamespace(
-            monitor=MonitorConfig(monitor_interval_s=0.01), log=LogConfig(), parallel=ParallelConfig()
-        ),
         plan=SimpleNamespace(steps_per_epoch=25),
         global_batch_size=4,
     )
@@ -208,7 +205,12 @@ def fake_trainer(run_dir: Path, gpu: bool):
 @pytest.mark.parametrize("gpu", [True, False])
 def test_observer_writes_csv_and_efficiency_json(tmp_path, caplog, gpu):
     backend = FakeGpuBackend([[reading(350.0, 0.0)], [reading(350.0, 700.0)], [reading(350.0, 1400.0)]])
-    observer = MonitorObserver(backend_opener=lambda indices: backend if gpu else None)
+    observer = MonitorObserver(
+        MonitorConfig(monitor_interval_s=0.01),
+        all_local_gpus=ParallelConfig().data_parallel == "dataparallel",
+        tensorboard=LogConfig().tensorboard,
+        backend_opener=lambda indices: backend if gpu else None,
+    )
     trainer = fake_trainer(tmp_path, gpu)
     with caplog.at_level(logging.INFO, logger="dlscale.monitor"):
         observer.on_train_start(trainer)

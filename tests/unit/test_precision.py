@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlscale.models.vit import VisionTransformer, ViTConfig
+from dlscale.checkpoint.resume import load_optimizer_state
+from dlscale.models.vit import VisionTransformer
+from dlscale.models.vit_config import ViTConfig
 from dlscale.runtime.device import Device
 from dlscale.train.graphs import GraphedTrainStep, optimizer_is_capturable
 from dlscale.train.metrics import relative_l2_loss
-from dlscale.train.optim import OptimConfig, build_optimizer
+from dlscale.train.optim import build_optimizer
+from dlscale.train.optim_config import OptimConfig
 from dlscale.train.precision import Precision
-from dlscale.train.resume import load_optimizer_state
 from dlscale.train.schedule import LRSchedule
 from dlscale.train.step import TrainStep
 

@@ -26,8 +26,8 @@ from dlscale.runtime import nvtx
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.runtime.nvtx import NO_MARKERS, build_markers, cuda_profiler_start, cuda_profiler_stop
-from dlscale.train.progress import TrainProgress
 from dlscale.train.schedule import EpochPlan
+from dlscale.train.train_progress import TrainProgress
 
 CPU = Device("cpu")
 
@@ -280,34 +280,35 @@ def test_nsys_command_reruns_python_dash_m_and_names_reports_per_rank(tmp_path):
 # --- build_profiling ---------------------------------------------------------------------------------------
 
 
-def fake_setup(rank: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(
-        process=ProcessInfo(rank=rank, world_size=rank + 1), plan=EpochPlan(4, 3, 12, "test"), device=CPU
-    )
+def profiling_place(rank: int = 0) -> tuple:
+    """(rank, device, plan) of a CPU run of 3 epochs x 4 steps, as build_profiling takes them."""
+    return rank, CPU, EpochPlan(4, 3, 12, "test")
 
 
 def test_build_profiling_attaches_only_what_is_enabled():
-    markers, observers = build_profiling(ProfileConfig(), fake_setup())
+    markers, observers = build_profiling(ProfileConfig(), *profiling_place())
     assert markers is NO_MARKERS and observers == []
 
-    markers, observers = build_profiling(ProfileConfig(enable_manual_profiling=True), fake_setup())
+    markers, observers = build_profiling(ProfileConfig(enable_manual_profiling=True), *profiling_place())
     assert markers is NO_MARKERS  # NVTX is a no-op on the CPU, so nothing to mark
     assert [type(o) for o in observers] == [CudaProfilerWindow]
 
     cfg = ProfileConfig(enable_manual_profiling=True, torch_profiler=True)
-    markers, observers = build_profiling(cfg, fake_setup())
+    markers, observers = build_profiling(cfg, *profiling_place())
     assert markers.record_functions and not markers.nvtx
     assert [type(o) for o in observers] == [CudaProfilerWindow, TorchProfilerObserver]
 
 
 def test_build_profiling_leaves_trace_writers_off_other_ranks():
     cfg = ProfileConfig(enable_manual_profiling=True, torch_profiler=True, profile_ranks="0")
-    markers, observers = build_profiling(cfg, fake_setup(rank=2))
+    markers, observers = build_profiling(cfg, *profiling_place(rank=2))
     assert markers is NO_MARKERS
     assert [type(o) for o in observers] == [CudaProfilerWindow]  # validates the window; idle off the ranks
     assert not observers[0].enabled
     with pytest.raises(ConfigError, match="profile_epoch"):
-        build_profiling(ProfileConfig(enable_manual_profiling=True, profile_epoch=9), fake_setup(rank=2))
+        build_profiling(
+            ProfileConfig(enable_manual_profiling=True, profile_epoch=9), *profiling_place(rank=2)
+        )
 
 
 # --- torch profiler ----------------------------------------------------------------------------------------
@@ -353,7 +354,7 @@ def test_torch_profiler_writes_what_it_recorded_when_the_run_stops_early(tmp_pat
 
 
 def test_real_run_writes_a_valid_trace_of_exactly_the_active_steps(tiny_config):
-    from dlscale.commands.train import train
+    from dlscale.run.training import train
 
     cfg = tiny_config("train.num_epochs=1", "log.tensorboard=false", "checkpoint.enabled=false")
     observer = TorchProfilerObserver(wait=1, warmup=1, active=3)
@@ -392,7 +393,7 @@ def test_line_profile_without_line_profiler_is_a_config_error(monkeypatch):
     ):
         LineProfileObserver()
     with pytest.raises(ConfigError, match="line_profiler"):
-        build_profiling(ProfileConfig(line_profile=True), fake_setup(rank=1))
+        build_profiling(ProfileConfig(line_profile=True), *profiling_place(rank=1))
 
 
 # --- on a GPU ----------------------------------------------------------------------------------------------

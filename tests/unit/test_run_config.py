@@ -13,8 +13,8 @@ from dlscale.config import config_reference, load_run_config
 from dlscale.config.run_config import SECTION_ORDER, flat_key_homes, section_classes
 from dlscale.config.yaml_source import read_config_file
 from dlscale.errors import ConfigError
-from dlscale.parallel.layout import ParallelConfig
-from dlscale.train.optim import OptimConfig
+from dlscale.parallel.parallel_config import ParallelConfig
+from dlscale.train.optim_config import OptimConfig
 from dlscale.train.schedule import scaled_lr
 
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"

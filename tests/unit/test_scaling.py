@@ -13,7 +13,7 @@ import pytest
 from dlscale.cli import main
 from dlscale.config import load_run_config
 from dlscale.parallel.mesh import MeshShape, ParallelMesh
-from dlscale.perf.bench_report import TrialSeries, build_record, decide_bottleneck
+from dlscale.perf.bench_report import TrialSeries, decide_bottleneck
 from dlscale.perf.scaling import (
     SCALING_KIND,
     ScalingInputError,
@@ -24,6 +24,7 @@ from dlscale.perf.scaling import (
     scaling_table,
     write_scaling_outputs,
 )
+from dlscale.run.bench import build_record
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 
@@ -59,7 +60,9 @@ def bench_record(cfg, world_size: int, local_batch: int, full: list[float], nodd
     )
     tests = {"FULL": TrialSeries("FULL", trial_throughput=list(full))}
     verdict = decide_bottleneck(None, None, tests["FULL"].mean)
-    return json.loads(json.dumps(build_record(setup, tests, verdict, {}, command="dlscale bench")))
+    return json.loads(
+        json.dumps(build_record(setup.config, setup, tests, verdict, {}, command="dlscale bench"))
+    )
 
 
 def write_record(folder: Path, name: str, record: dict) -> Path:

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from dlscale.train.optim import OptimConfig, build_optimizer
+from dlscale.train.optim import build_optimizer
+from dlscale.train.optim_config import OptimConfig
 from dlscale.train.schedule import EpochPlan, LRSchedule, plan_epochs, scaled_lr
 
 # ---- scaled_lr -------------------------------------------------------------------------------------------

@@ -52,7 +52,8 @@ def test_gradient_clipping_bounds_the_update():
 
 def test_adadelta_is_built_with_its_own_settings_and_refuses_fused():
     from dlscale.errors import InvalidValue
-    from dlscale.train.optim import OptimConfig, build_optimizer
+    from dlscale.train.optim import build_optimizer
+    from dlscale.train.optim_config import OptimConfig
 
     optimizer = build_optimizer(
         OptimConfig(optimizer="Adadelta", lr=1.0, rho=0.8), [torch.nn.Parameter(torch.ones(2))], 1.0

@@ -11,6 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dlscale.checkpoint.files import save_checkpoint
+from dlscale.checkpoint.size import estimate_checkpoint_bytes, serial_state_bytes
 from dlscale.errors import StorageError
 from dlscale.runtime import storage
 from dlscale.runtime.atomic_files import write_bytes_atomically
@@ -21,8 +23,6 @@ from dlscale.runtime.storage import (
     remove_stale_temporaries,
     storage_error,
 )
-from dlscale.train.checkpoint import save_checkpoint
-from dlscale.train.checkpoint_size import estimate_checkpoint_bytes, serial_state_bytes
 
 
 @pytest.mark.parametrize(
@@ -159,9 +159,7 @@ def test_the_checkpoint_estimate_is_close_to_the_written_size(tmp_path: Path):
         {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp_path / "c.pt"
     )
     optim_cfg = SimpleNamespace(optimizer="Adam", momentum=0.9)
-    estimate = estimate_checkpoint_bytes(
-        SimpleNamespace(model=model, config=SimpleNamespace(optim=optim_cfg))
-    )
+    estimate = estimate_checkpoint_bytes(model, optim_cfg)
     written = path.stat().st_size
     assert written <= estimate <= written + (64 << 10) + written // 10
     state, params = serial_state_bytes(model)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from dlscale.data import synth_era5
-from dlscale.data.era5 import ERA5_CHANNELS, ERA5DataConfig, ERA5Dataset
+from dlscale.data.era5 import ERA5_CHANNELS, ERA5Dataset
+from dlscale.data.era5_config import ERA5DataConfig
 from dlscale.data.synth_atmosphere import Grid, SyntheticAtmosphere
 from dlscale.data.synth_era5 import (
     PRESETS,

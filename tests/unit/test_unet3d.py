@@ -10,9 +10,10 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from dlscale.config import load_run_config
-from dlscale.data.cosmo import CosmoDataConfig
+from dlscale.data.cosmo_config import CosmoDataConfig
 from dlscale.errors import ConfigError, InvalidValue
-from dlscale.models.unet3d import UNet3D, UNetConfig, count_parameters, size_problem, unet_flops_per_sample
+from dlscale.models.unet3d import UNet3D, count_parameters, size_problem, unet_flops_per_sample
+from dlscale.models.unet3d_config import UNetConfig
 from dlscale.train.schedule import scaled_lr
 from dlscale.workloads.unet_cosmo import WORKLOAD, CosmoEvaluator, cosmo_loss, per_sample_loss
 

@@ -9,13 +9,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from dlscale.errors import InvalidValue
-from dlscale.models.vit import (
-    DropPath,
-    VisionTransformer,
-    ViTConfig,
-    count_parameters,
-    vit_flops_per_sample,
-)
+from dlscale.models.vit import DropPath, VisionTransformer, count_parameters, vit_flops_per_sample
+from dlscale.models.vit_config import ViTConfig
 
 ERA5_IMG = (360, 720)
 ERA5_CHANNELS = 20

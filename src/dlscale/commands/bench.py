@@ -18,7 +18,7 @@ from pathlib import Path
 from dlscale import __version__
 from dlscale.commands.flags import CONFIG_FLAGS, config_flag_values
 from dlscale.config import RunConfig, load_run_config
-from dlscale.perf.bench import BenchResults, run_benchmark
+from dlscale.perf.bench import BenchResults
 from dlscale.perf.sweep import (
     Point,
     file_slug,
@@ -31,10 +31,10 @@ from dlscale.perf.sweep import (
     write_sweep_outputs,
 )
 from dlscale.report.run_dir import run_directory, setup_logging
+from dlscale.run.bench import bench_one_config
+from dlscale.run.process_group import distributed_run
 from dlscale.runtime.device import Device
-from dlscale.runtime.distributed import start_process_group, stop_process_group
 from dlscale.runtime.launch import detect_process
-from dlscale.train.setup import build_training, describe_setup
 
 log = logging.getLogger("dlscale.bench")
 
@@ -62,24 +62,20 @@ def run_bench_command(args: argparse.Namespace) -> int:
     process = detect_process()
     # Console logging from the start, so that messages before the first run directory exists are formatted.
     setup_logging(None, enabled=process.is_main)
-    base = load_run_config(args.yaml_config, args.config, args.set, config_flag_values(args))
-    start_process_group(process, Device.select(process.local_rank), base.parallel.timeout_s)
-    finished = False
-    try:
-        status = _run_bench(args)
-        finished = True
-        return status
-    finally:
-        stop_process_group(wait_for_others=finished)
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    command = command_line(args)
     flags = config_flag_values(args)
+    base = load_run_config(args.yaml_config, args.config, args.set, flags)
+    with distributed_run(process, Device.select(process.local_rank), base.parallel.timeout_s) as ending:
+        status = _run_bench(args, base, flags)
+        ending.alike = True
+        return status
+
+
+def _run_bench(args: argparse.Namespace, base: RunConfig, flags: dict[str, object]) -> int:
+    """The trials of ``base`` (the command line's config), or of every point of its sweep."""
+    command = command_line(args)
     output = Path(args.output).expanduser().resolve() if args.output else None
     if not args.sweep:
-        cfg = load_run_config(args.yaml_config, args.config, args.set, flags)
-        bench_one_config(cfg, output, command)
+        bench_one_config(base, output, command)
         return 0
 
     specs = [parse_sweep(text) for text in args.sweep]
@@ -89,7 +85,6 @@ def _run_bench(args: argparse.Namespace) -> int:
         point: load_run_config(args.yaml_config, args.config, [*args.set, *point_overrides(point)], flags)
         for point in sweep_points(specs)
     }
-    base = load_run_config(args.yaml_config, args.config, args.set, flags)
     sweep_dir = run_directory(base.log, base.name) / f"sweep_{'_'.join(s.key.split('.')[-1] for s in specs)}"
     combined = output or sweep_dir / "sweep.json"
 
@@ -112,18 +107,3 @@ def _run_bench(args: argparse.Namespace) -> int:
         paths = write_sweep_outputs(rows, combined, title, context)
         log.info("BENCHY::SWEEP::Table %s, plot %s, JSON %s", paths["table"], paths["plot"], paths["json"])
     return 0
-
-
-def bench_one_config(cfg: RunConfig, output: Path | None = None, command: str | None = None) -> BenchResults:
-    """Build the training setup of ``cfg`` (no checkpoint is read) and run the trials on it."""
-    process = detect_process()
-    run_dir = run_directory(cfg.log, cfg.name)
-    setup_logging(run_dir / "bench.log", enabled=process.is_main)
-    log.info("dlscale %s bench: config %r from %s", __version__, cfg.name, cfg.source)
-    if cfg.overrides:
-        log.info("Overrides: %s", " ".join(cfg.overrides))
-    device = Device.select(process.local_rank)
-    setup = build_training(cfg, run_dir, process, device, resume=False)
-    for line in describe_setup(setup):
-        log.info("%s", line)
-    return run_benchmark(setup, run_dir, output, command=command)

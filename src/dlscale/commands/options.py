@@ -11,9 +11,10 @@ import argparse
 from pathlib import Path
 
 from dlscale.commands.flags import BENCH_TRIALS_GROUP, add_group_flags
+from dlscale.perf.scaling import MODES
 
 # --mode of ``dlscale scaling``; the analysis (dlscale.perf.scaling) checks a mode given from Python with it.
-SCALING_MODES = ("auto", "weak", "strong")
+SCALING_MODES = MODES
 DEFAULT_SCALING_OUT = Path("scaling")
 DEFAULT_GPU_MEMORY_GB = 80.0
 

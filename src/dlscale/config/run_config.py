@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from dlscale.config.suggest import did_you_mean
+from dlscale.checkpoint.checkpoint_config import CheckpointConfig
 from dlscale.config.typed import build_section, coerce, field_types, section_to_dict
 from dlscale.config.yaml_source import (
     dump_yaml,
@@ -33,17 +33,16 @@ from dlscale.config.yaml_source import (
     read_config_file,
     resolve_section,
 )
-from dlscale.data.loader import LoaderConfig
-from dlscale.errors import ConfigError
-from dlscale.parallel.layout import ParallelConfig
+from dlscale.data.loader_config import LoaderConfig
+from dlscale.errors import ConfigError, config_location, did_you_mean
+from dlscale.parallel.parallel_config import ParallelConfig
 from dlscale.perf.bench_config import BenchConfig
 from dlscale.perf.monitor_config import MonitorConfig
 from dlscale.perf.profile_config import ProfileConfig
-from dlscale.report.run_dir import LogConfig
-from dlscale.train.optim import OptimConfig
-from dlscale.train.resume import CheckpointConfig
-from dlscale.train.trainer import TrainConfig
-from dlscale.workloads import DEFAULT_WORKLOAD, get_workload, workload_names
+from dlscale.report.log_config import LogConfig
+from dlscale.train.optim_config import OptimConfig
+from dlscale.train.train_config import TrainConfig
+from dlscale.workloads import DEFAULT_WORKLOAD, registered_workload, workload_names
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +86,11 @@ class RunConfig:
     monitor: MonitorConfig
     overrides: tuple[str, ...] = ()
 
+    @property
+    def where(self) -> str:
+        """``file [config 'name']``, the prefix of every message about this config."""
+        return config_location(self.source, self.name)
+
     def to_dict(self) -> dict[str, Any]:
         """All sections as plain values, every default filled in."""
         result: dict[str, Any] = {"workload": self.workload}
@@ -104,8 +108,8 @@ class RunConfig:
 
 def section_classes(workload: str) -> dict[str, type]:
     """The dataclass of every section, for a workload."""
-    spec = get_workload(workload)
-    return {"data": spec.data_config, "model": spec.model_config, **GENERIC_SECTIONS}
+    entry = registered_workload(workload)
+    return {"data": entry.data_config, "model": entry.model_config, **GENERIC_SECTIONS}
 
 
 def flat_key_homes(sections: dict[str, type]) -> dict[str, str]:
@@ -133,7 +137,7 @@ def load_run_config(
     """
     yaml_path = locate_config_file(yaml_path)
     document = read_config_file(yaml_path)
-    where = f"{yaml_path} [config {config_name!r}]"
+    where = config_location(str(yaml_path), config_name)
     # The workload decides the data and model sections, so it is read first (it is never a flat key).
     workload = resolve_section(document, config_name, yaml_path).get("workload", DEFAULT_WORKLOAD)
     if workload not in workload_names():
@@ -145,7 +149,7 @@ def load_run_config(
     warned: set[str] = set()
 
     def nest(section: dict[str, Any], name: str) -> dict[str, Any]:
-        return _nest_flat_keys(section, sections, f"{yaml_path} [config {name!r}]", warned)
+        return _nest_flat_keys(section, sections, config_location(str(yaml_path), name), warned)
 
     # Flat keys go into their sections config by config, before inheritance merges them, so that a child
     # overrides its parent's key whichever style each of them is written in.

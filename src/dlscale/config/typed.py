@@ -13,8 +13,7 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-from dlscale.config.suggest import did_you_mean
-from dlscale.errors import ConfigError, InvalidValue
+from dlscale.errors import ConfigError, InvalidValue, did_you_mean
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}

@@ -25,8 +25,7 @@ from typing import Any
 
 import yaml
 
-from dlscale.config.suggest import did_you_mean
-from dlscale.errors import ConfigError
+from dlscale.errors import ConfigError, did_you_mean
 
 INHERIT_KEY = "extends"
 

@@ -28,14 +28,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dlscale.data.era5_layout import (
-    ERA5_CHANNELS,
-    FIELDS_KEY,
-    ERA5DataConfig,
-    latitudes,
-    load_stats,
-    scan_split,
-)
+from dlscale.data.era5_config import ERA5DataConfig
+from dlscale.data.era5_layout import ERA5_CHANNELS, FIELDS_KEY, latitudes, load_stats, scan_split
 from dlscale.data.hdf5_slabs import SlabReader
 from dlscale.data.mapped_fields import MappedFields, choose_read_method
 from dlscale.data.normalization import ChannelNormalizer

@@ -20,21 +20,18 @@ through fork; a sample is converted when it is read: ``(pixel / 255 - mean) / st
 from __future__ import annotations
 
 import gzip
-import os
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dlscale.errors import DataError, InvalidValue
+from dlscale.data.mnist_config import IMAGE_SIDE, NUM_CLASSES, MNISTDataConfig
+from dlscale.errors import DataError
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
-IMAGE_SIDE = 28
-NUM_CLASSES = 10
 UBYTE = 0x08
 
 # split -> (images file, labels file), without the optional ".gz"
@@ -43,32 +40,6 @@ SPLIT_FILES: dict[str, tuple[str, str]] = {
     "valid": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 _SUBDIRS = (".", "MNIST/raw")  # where, under the root, the files are looked for
-
-
-@dataclass
-class MNISTDataConfig:
-    """The ``data:`` section: where the idx files are, the normalization, and optional sample limits."""
-
-    root: str = "data/mnist"  # directory of the four idx files (or of torchvision's MNIST/raw)
-    mean: float = 0.1307  # pixel mean of MNIST's training images, on the [0, 1] scale
-    std: float = 0.3081  # pixel standard deviation, on the [0, 1] scale
-    limit_nsamples: int | None = None  # keep only the first N training samples
-    limit_nsamples_val: int | None = None  # keep only the first N validation samples
-    check_finite: bool = (
-        False  # stop at the first batch holding NaN/inf, naming its file and sample (a sync per batch)
-    )
-
-    def __post_init__(self) -> None:
-        if not self.std > 0:
-            raise InvalidValue("std", f"must be > 0, got {self.std}")
-        for name in ("limit_nsamples", "limit_nsamples_val"):
-            limit = getattr(self, name)
-            if limit is not None and limit < 1:
-                raise InvalidValue(name, f"expected a number of samples >= 1 or null (no limit), got {limit}")
-
-    def root_path(self) -> Path:
-        """``root`` with ``~`` and ``$VARS`` expanded."""
-        return Path(os.path.expandvars(os.path.expanduser(self.root)))
 
 
 def find_idx_file(root: Path, name: str) -> Path:

@@ -32,7 +32,8 @@ from collections.abc import Iterator
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dlscale.data.gpu_pipeline import GpuPipeline
-from dlscale.data.loader import LoaderConfig, build_loader
+from dlscale.data.loader import build_loader
+from dlscale.data.loader_config import LoaderConfig
 from dlscale.data.normalization import EpochIndex, samples_depend_on_epoch
 from dlscale.data.prefetch import DevicePrefetcher
 from dlscale.runtime.device import Device

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dlscale.data.mnist import IMAGE_SIDE, IMAGES_MAGIC, LABELS_MAGIC, NUM_CLASSES, SPLIT_FILES
+from dlscale.data.mnist import IMAGES_MAGIC, LABELS_MAGIC, SPLIT_FILES
+from dlscale.data.mnist_config import IMAGE_SIDE, NUM_CLASSES
 from dlscale.data.synth_output import MANIFEST, preset_spec, read_manifest, write_data_set
 from dlscale.errors import DataError
 

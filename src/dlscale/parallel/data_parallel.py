@@ -10,7 +10,7 @@ gradients). The model itself knows nothing of this.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -18,8 +18,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dlscale.errors import ConfigError
 from dlscale.parallel.fully_sharded import shard_fully
-from dlscale.parallel.layout import ParallelConfig
 from dlscale.parallel.mesh import ParallelMesh
+from dlscale.parallel.parallel_config import ParallelConfig
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 
@@ -32,8 +32,12 @@ def wrap_data_parallel(
     process: ProcessInfo,
     device: Device,
     mesh: ParallelMesh | None = None,
+    fsdp_units: Sequence[torch.nn.Module] = (),
 ) -> torch.nn.Module:
     """``model`` in DDP when several ranks hold the same parameters; the model itself otherwise or with ``noddp``.
+
+    With ``data_parallel: fsdp``, FSDP2 shards each of ``fsdp_units`` (e.g. the transformer blocks, as the
+    workload names them) before the whole model.
 
     ``noddp`` trains every rank on its own shard without synchronizing gradients: the replicas drift apart,
     which is only useful to measure compute-only scaling (the tutorials' comparison).
@@ -60,10 +64,7 @@ def wrap_data_parallel(
             raise ConfigError(
                 "parallel.noddp cannot be combined with data_parallel 'fsdp' (it shards over the ranks)"
             )
-        units = getattr(model, "blocks", None)  # transformer blocks are FSDP's natural units
-        return shard_fully(
-            model, units if isinstance(units, torch.nn.Module) else [], group, device.torch.type
-        )
+        return shard_fully(model, fsdp_units, group, device.torch.type)
     if cfg.noddp:
         log.warning(
             "noddp: the %d ranks do not synchronize gradients; their models diverge (for scaling studies only)",

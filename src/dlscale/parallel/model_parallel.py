@@ -1,5 +1,5 @@
-"""Lay a run out on its dp x tp x cp mesh: create the groups, hand the model to its workload's parallelizer,
-and print which rank holds what."""
+"""Lay a run out on its dp x tp x cp mesh: create the groups, sum metrics over the right ranks, and print which
+rank holds what (the workload splits its own model: ``Workload.parallelize``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from dlscale.errors import ConfigError
-from dlscale.parallel.layout import ParallelConfig
 from dlscale.parallel.mesh import MeshShape, ParallelMesh, layout_table
+from dlscale.parallel.parallel_config import ParallelConfig
 from dlscale.runtime.distributed import sum_across_ranks_
 from dlscale.runtime.launch import ProcessInfo
 
@@ -25,21 +24,6 @@ def create_mesh(cfg: ParallelConfig, process: ProcessInfo) -> ParallelMesh:
         process.world_size, cfg.tensor_parallel, cfg.context_parallel, cfg.parallel_order
     )
     return ParallelMesh.create(shape, process.rank)
-
-
-def parallelize(model: nn.Module, workload: Any, mesh: ParallelMesh) -> nn.Module:
-    """This rank's part of ``model`` on ``mesh`` (the model itself when tp = cp = 1).
-
-    The workload says how its model splits (``parallelize(model, mesh)``); one without it runs data-parallel only.
-    """
-    if mesh.is_model_parallel:
-        if not hasattr(workload, "parallelize"):
-            raise ConfigError(
-                f"workload {workload.name!r} has no tensor/context-parallel form; set parallel.tensor_parallel "
-                "and parallel.context_parallel to 1"
-            )
-        model = workload.parallelize(model, mesh)
-    return model
 
 
 def report_layout(model: nn.Module, mesh: ParallelMesh) -> None:

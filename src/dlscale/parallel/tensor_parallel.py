@@ -7,7 +7,7 @@ layer followed by a row-parallel one (q/k/v -> proj, fc1 -> fc2) thus needs one 
 layer) and one backward (the gradient of the shared input, see :func:`enter_tensor_parallel_region`).
 
 Both keep the parameter names ``weight`` and ``bias``, so the parallel model's state-dict keys are the serial
-model's; ``shard_specs`` says which of them are shards (see :mod:`dlscale.parallel.sharded_state`).
+model's; ``shard_specs`` says which of them are shards (see :mod:`dlscale.parallel.shard_specs`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dlscale.parallel.collectives import (
     reduce_from_group,
     split_sizes,
 )
-from dlscale.parallel.sharded_state import ShardSpec
+from dlscale.parallel.shard_specs import ShardSpec
 
 
 def _spec(full_length: int, dim: int, group: Group, size: int, index: int) -> ShardSpec:

@@ -30,24 +30,14 @@ import torch
 
 from dlscale.errors import DataError
 from dlscale.perf.bench_config import BenchConfig
-from dlscale.perf.bench_plot import save_figure, throughput_figure
 from dlscale.perf.bench_report import (
     TrialSeries,
     Verdict,
-    build_record,
-    decide_bottleneck,
-    energy_line,
-    mean_throughputs,
-    summary_lines,
-    switched_on_knobs,
-    utilization_line,
-    utilization_numbers,
 )
 from dlscale.perf.monitor import MetricsSampler, summarize
-from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.distributed import barrier
 from dlscale.runtime.gpu_metrics import open_gpu_backend
-from dlscale.runtime.strict_json import to_json
+from dlscale.train.training_setup import TrainingSetup
 
 log = logging.getLogger("dlscale.bench")
 
@@ -112,13 +102,13 @@ class EndlessBatches:
 class TrialDriver:
     """Runs the enabled tests of ``bench`` on ``setup``; ``clock`` (seconds) can be faked in tests."""
 
-    def __init__(self, setup: Any, bench: BenchConfig | None = None, clock: Clock = time.perf_counter):
+    def __init__(self, setup: TrainingSetup, bench: BenchConfig, clock: Clock = time.perf_counter):
         self.setup = setup
-        self.bench = bench if bench is not None else setup.config.bench
+        self.bench = bench
         self.clock = clock
         self.samples_per_iteration = setup.global_batch_size  # local batch x data-parallel ranks
         self.global_step = 0
-        self.batches = EndlessBatches(setup.train_loader, getattr(setup, "train_sampler", None))
+        self.batches = EndlessBatches(setup.train_loader, setup.train_sampler)
         self._print = log.info if setup.process.is_main else _silent
         device = setup.device
         self.gpu_metrics = open_gpu_backend([device.torch.index or 0]) if device.is_gpu else None
@@ -251,63 +241,7 @@ def test_energy(sampler: MetricsSampler, samples: int) -> dict[str, float | None
 
 
 def run_trials(
-    setup: Any, bench: BenchConfig | None = None, clock: Clock = time.perf_counter
+    setup: TrainingSetup, bench: BenchConfig, clock: Clock = time.perf_counter
 ) -> dict[str, TrialSeries]:
-    """Run the enabled tests of ``bench`` (default: the setup's ``bench:`` section); return their trials."""
+    """Run the enabled tests of ``bench`` (the ``bench:`` section) on ``setup``; return their trials."""
     return TrialDriver(setup, bench, clock).run()
-
-
-def run_benchmark(
-    setup: Any,
-    run_dir: Path,
-    output_path: Path | None = None,
-    clock: Clock = time.perf_counter,
-    command: str | None = None,
-) -> BenchResults:
-    """Run the trials on a built training setup, print benchy's lines and a verdict, and write the JSON.
-
-    The JSON goes to ``output_path``, by default ``run_dir / bench.output_filename`` (an absolute
-    ``output_filename`` is kept as it is). Only rank 0 prints and writes. Never reads or writes checkpoints.
-    """
-    bench, process = setup.config.bench, setup.process
-    if process.is_main:
-        log.info(
-            "BENCHY::INFO::Message: Using dlscale bench config: nwarmup %d, ntrials %d, nbatches %d, "
-            "global batch %d (%d x %d data-parallel rank(s)).",
-            bench.nwarmup,
-            bench.ntrials,
-            bench.nbatches,
-            setup.global_batch_size,
-            setup.local_batch_size,
-            setup.global_batch_size // setup.local_batch_size,
-        )
-    tests = run_trials(setup, bench, clock)
-    verdict = decide_bottleneck(*mean_throughputs(tests)).for_run(
-        switched_on_knobs(setup.config), setup.device.is_gpu
-    )
-    utilization = utilization_numbers(tests, setup.utilization, process.world_size)
-    record = build_record(setup, tests, verdict, utilization, command)
-    path = None
-    if process.is_main:
-        for line in summary_lines(tests):
-            log.info("%s", line)
-        if utilization:
-            log.info("%s", utilization_line(utilization, setup.utilization.describe()))
-        energy = energy_line(tests)
-        if energy:
-            log.info("%s", energy)
-        memory = [f"{n} {t.peak_memory_gb:.2f} GB" for n, t in tests.items() if t.peak_memory_gb is not None]
-        if memory:
-            log.info("BENCHY::MEMORY::peak device memory: %s", "; ".join(memory))
-        log.info("%s", verdict.line())
-        path = Path(output_path) if output_path is not None else Path(run_dir) / bench.output_filename
-        path = path.expanduser()
-        log.info("BENCHY::INFO::Message: Writing JSON output to %s.", path)
-        write_text_atomically(path, to_json(record))
-        results = {name: (t.mean, t.std) for name, t in tests.items()}
-        title = f"dlscale bench {setup.config.name} on {setup.device.name}: {verdict.kind}"
-        log.info(
-            "BENCHY::INFO::Plot: %s",
-            save_figure(throughput_figure(["trials"], [results], title), path.with_suffix(".png")),
-        )
-    return BenchResults(tests, process.world_size, verdict, utilization, record, path)

@@ -21,16 +21,9 @@ pipeline.
 from __future__ import annotations
 
 import math
-import shlex
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any, Literal
-
-import torch
-
-from dlscale import __version__
 
 BOUND_MARGIN = 0.10
 OVERHEAD_MARGIN = 0.20
@@ -84,22 +77,6 @@ class Verdict:
         if not on_gpu:
             dropped |= {knob for knob in self.knobs if knob.startswith(GPU_ONLY_KNOBS)}
         return replace(self, knobs=tuple(k for k in self.knobs if k not in dropped))
-
-
-def switched_on_knobs(cfg: Any) -> set[str]:
-    """The verdict knobs (by flag) a run's config already has on."""
-    train = cfg.train
-    on = {
-        "--amp_mode": train.amp_mode != "none",
-        "--enable_fused": cfg.optim.enable_fused,
-        "--enable_jit": train.enable_jit,
-        "--cuda_graphs": train.cuda_graphs,
-        "--tf32 on": train.tf32,
-        "--data_loader_config gpu": cfg.loader.pipeline == "gpu",
-        "--set loader.device_prefetch=true": cfg.loader.device_prefetch,
-        "--set loader.pin_memory=true": cfg.loader.pin_memory is True,
-    }
-    return {flag for flag, active in on.items() if active}
 
 
 def _rate(value: float) -> str:
@@ -292,54 +269,3 @@ def energy_line(tests: Mapping[str, TrialSeries]) -> str | None:
 def mean_throughputs(tests: Mapping[str, TrialSeries]) -> Sequence[float | None]:
     """(IO, SYNTHETIC, FULL) means, None for a test that did not run."""
     return tuple(tests[name].mean if name in tests else None for name in TEST_NAMES)
-
-
-def build_record(
-    setup: Any,
-    tests: dict[str, TrialSeries],
-    verdict: Verdict,
-    utilization: dict[str, dict[str, float | None]],
-    command: str | None = None,
-) -> dict[str, Any]:
-    """benchy's JSON document plus what a reader needs to compare runs: config, knobs, device, versions."""
-    cfg = setup.config
-    record = benchy_record(setup.process.world_size, tests)
-    record.update(
-        {
-            "summary": summary_record(tests),
-            "verdict": verdict.to_json(),
-            "utilization": {
-                **utilization,
-                "describe": setup.utilization.describe() if setup.utilization is not None else None,
-            },
-            "device": setup.device.name,
-            "torch_version": torch.__version__,
-            "dlscale_version": __version__,
-            "config": {"name": cfg.name, "source": cfg.source, "overrides": list(cfg.overrides)},
-            "batch": {
-                "local": setup.local_batch_size,
-                "global": setup.global_batch_size,
-                "world_size": setup.process.world_size,
-                "layout": setup.mesh.shape.describe(),
-            },
-            "knobs": {
-                "amp_mode": cfg.train.amp_mode,
-                "tf32": cfg.train.tf32,
-                "enable_jit": cfg.train.enable_jit,
-                "cuda_graphs": cfg.train.cuda_graphs,
-                "enable_fused": cfg.optim.enable_fused,
-                "data_loader_config": cfg.loader.data_loader_config,
-                "num_data_workers": cfg.loader.num_data_workers,
-                # Whether gradients were all-reduced: `dlscale scaling` pairs runs with and without it at
-                # one GPU count to measure the communication overhead.
-                "noddp": cfg.parallel.noddp,
-            },
-            "bench": {
-                name: getattr(cfg.bench, name)
-                for name in ("nwarmup", "ntrials", "nbatches", "use_distributed_barrier")
-            },
-            "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-            "command": command if command is not None else shlex.join(sys.argv),
-        }
-    )
-    return record

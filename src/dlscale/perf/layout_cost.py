@@ -74,7 +74,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale.errors import InvalidValue
-from dlscale.models.vit import ViTConfig, token_grid
+from dlscale.models.vit import token_grid
+from dlscale.models.vit_config import ViTConfig
 
 GIB = 1 << 30  # the "GB" of nvidia-smi and pynvml, and of dlscale plan's output
 FP32_BYTES = 4

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dlscale.errors import ConfigError, InvalidValue
-from dlscale.models.vit import ViTConfig
+from dlscale.models.vit_config import ViTConfig
 from dlscale.perf.layout_cost import (
     GIB,
     CommEstimate,
@@ -238,7 +238,7 @@ def model_shape_of(cfg: Any) -> ModelShape:
     """The :class:`ModelShape` of a loaded run config of the ViT workload."""
     if not isinstance(cfg.model, ViTConfig):
         raise ConfigError(
-            f"{cfg.source} [config {cfg.name!r}]: dlscale plan estimates the ViT; workload {cfg.workload!r} "
+            f"{cfg.where}: dlscale plan estimates the ViT; workload {cfg.workload!r} "
             f"has a {type(cfg.model).__name__} model"
         )
     return ModelShape.from_config(

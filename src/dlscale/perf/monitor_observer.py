@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dlscale.perf.monitor import NO_GPU_MESSAGE, MetricsSampler, Sample, build_report, summarize
+from dlscale.perf.monitor_config import MonitorConfig
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.distributed import is_distributed
 from dlscale.runtime.gpu_metrics import GpuReading, open_gpu_backend
@@ -141,7 +142,18 @@ def gather_across_ranks(numbers: dict[str, float | None], slowness: float, devic
 class MonitorObserver(Observer):
     """Samples this rank's GPU and the host during training (see the module docstring for the files)."""
 
-    def __init__(self, interval_s: float | None = None, backend_opener=open_gpu_backend):
+    def __init__(
+        self,
+        cfg: MonitorConfig | None = None,
+        all_local_gpus: bool = False,
+        tensorboard: bool = False,
+        interval_s: float | None = None,
+        backend_opener=open_gpu_backend,
+    ):
+        """``cfg``: the ``monitor:`` section; ``all_local_gpus``: this process drives every local GPU
+        (``parallel.data_parallel: dataparallel``); ``tensorboard``: also write rank 0's samples there."""
+        self.cfg = cfg or MonitorConfig()
+        self.all_local_gpus, self.tensorboard = all_local_gpus, tensorboard
         self.interval_s, self.backend_opener = interval_s, backend_opener
         self.sampler: MetricsSampler | None = None
         self.csv: MetricsCsv | None = None
@@ -155,17 +167,16 @@ class MonitorObserver(Observer):
 
     def on_train_start(self, trainer) -> None:
         setup = trainer.setup
-        if not setup.config.monitor.enable_monitor:
+        if not self.cfg.enable_monitor:
             return
-        interval = self.interval_s or setup.config.monitor.monitor_interval_s
+        interval = self.interval_s or self.cfg.monitor_interval_s
         # Each rank reads the GPU it trains on; a CPU run reads no GPU even on a GPU machine.
         backend = None
         if setup.device.is_gpu:
             # One process drives all its GPUs under DataParallel; otherwise each rank reads its own.
-            single_process_all_gpus = setup.config.parallel.data_parallel == "dataparallel"
             indices = (
                 list(range(setup.device.visible_gpu_count()))
-                if single_process_all_gpus
+                if self.all_local_gpus
                 else [setup.device.torch.index or 0]  # Device.select names cuda:<n>
             )
             backend = self.backend_opener(indices)
@@ -173,7 +184,7 @@ class MonitorObserver(Observer):
             log.info(NO_GPU_MESSAGE)
         rank, run_dir = setup.process.rank, Path(setup.run_dir)
         self.csv = MetricsCsv(run_dir / "monitor" / f"rank{rank}.csv")
-        if rank == 0 and setup.config.log.tensorboard:
+        if rank == 0 and self.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # only rank 0 pays for the import
 
             self.writer = SummaryWriter(str(run_dir / "tensorboard" / "monitor"))

@@ -22,8 +22,8 @@ from dlscale.runtime.nvtx import StepMarkers, build_markers
 from dlscale.train.observer import Observer
 
 if TYPE_CHECKING:
+    from dlscale.runtime.device import Device
     from dlscale.train.schedule import EpochPlan
-    from dlscale.train.setup import TrainingSetup
     from dlscale.train.trainer import Trainer
 
 __all__ = [
@@ -211,7 +211,9 @@ class CudaProfilerWindow(Observer):
         )
 
 
-def build_profiling(cfg: ProfileConfig, setup: TrainingSetup) -> tuple[StepMarkers, list[Observer]]:
+def build_profiling(
+    cfg: ProfileConfig, rank: int, device: Device, plan: EpochPlan
+) -> tuple[StepMarkers, list[Observer]]:
     """The markers the step and loop use, and the observers to attach, for the ``profile:`` section.
 
     - ``enable_manual_profiling``: NVTX markers (GPU only) and a :class:`CudaProfilerWindow`;
@@ -222,13 +224,12 @@ def build_profiling(cfg: ProfileConfig, setup: TrainingSetup) -> tuple[StepMarke
     Trace-writing profilers run only on the ranks of ``profile_ranks``; the checks of the config (window
     inside the run, line_profiler installed) run on every rank, so all ranks fail alike.
     """
-    rank = setup.process.rank
     ranks = cfg.ranks()
     profiled_rank = ranks is None or rank in ranks
     observers: list[Observer] = []
     if cfg.enable_manual_profiling:
         # Attached on every rank: it validates the window everywhere and stays idle off profile_ranks.
-        observers.append(CudaProfilerWindow(cfg, setup.plan, rank))
+        observers.append(CudaProfilerWindow(cfg, plan, rank))
     if cfg.line_profile:
         require_line_profiler()
     with_torch_profiler = cfg.torch_profiler and profiled_rank
@@ -242,7 +243,5 @@ def build_profiling(cfg: ProfileConfig, setup: TrainingSetup) -> tuple[StepMarke
         )
     if cfg.line_profile and profiled_rank:
         observers.append(LineProfileObserver())
-    markers = build_markers(
-        setup.device, nvtx=cfg.enable_manual_profiling, record_functions=with_torch_profiler
-    )
+    markers = build_markers(device, nvtx=cfg.enable_manual_profiling, record_functions=with_torch_profiler)
     return markers, observers

@@ -24,13 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import ScalarFormatter
-
-from dlscale.commands.options import SCALING_MODES
 from dlscale.errors import DlscaleError
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
@@ -38,8 +33,11 @@ from dlscale.runtime.strict_json import to_json
 log = logging.getLogger("dlscale.scaling")
 
 SCALING_KIND = "dlscale-scaling"  # marks our own scaling.json, so a rerun over the same folder skips it
-# The modes are listed once, beside the --mode option (a module without torch or matplotlib, for --help).
-MODES = SCALING_MODES
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# The --mode option takes these; matplotlib is imported only to draw, so `dlscale --help` can read them cheaply.
+MODES = ("auto", "weak", "strong")
 
 
 class ScalingInputError(DlscaleError):
@@ -270,6 +268,9 @@ def scaling_table(study: ScalingStudy) -> list[str]:
 
 def scaling_figure(study: ScalingStudy) -> Figure:
     """Throughput vs GPUs (real, ideal, noddp) and efficiency vs GPUs, side by side on log2 x-axes."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import ScalarFormatter
+
     figure = Figure(figsize=(10, 4), layout="constrained")
     rate_axis, efficiency_axis = figure.add_subplot(1, 2, 1), figure.add_subplot(1, 2, 2)
     gpus = [p.gpus for p in study.points]
@@ -314,6 +315,8 @@ def write_scaling_outputs(study: ScalingStudy, out_dir: Path) -> dict[str, Path]
     document = {"kind": SCALING_KIND, **asdict(study), "title": study.title, "table": table, "date": date}
     write_text_atomically(paths["json"], to_json(document))
     figure = scaling_figure(study)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     FigureCanvasAgg(figure)  # the Agg canvas draws without a display (and without pyplot's global state)
     figure.savefig(paths["png"], dpi=110, format="png")
     return paths

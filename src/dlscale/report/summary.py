@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from dlscale import __version__
 from dlscale.report.figures import loss_curve_figure, prediction_figure, save_png
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
-from dlscale.train.divergence import divergence_message
+from dlscale.train.divergence import Divergence
 from dlscale.train.observer import EpochReport, Observer
 
 log = logging.getLogger("dlscale.train")
@@ -30,8 +31,17 @@ def mean_throughput(history: list[dict[str, Any]]) -> float | None:
 class RunSummary(Observer):
     """Writes figures and ``summary.json`` when training ends, and says where logs, checkpoints and plots are."""
 
-    def __init__(self, run_dir: Path, tensorboard_dir: Path | None, checkpoint_dir: Path | None):
+    def __init__(
+        self,
+        run_dir: Path,
+        tensorboard_dir: Path | None,
+        checkpoint_dir: Path | None,
+        explain_divergence: Callable[[Divergence], str] = Divergence.describe,
+    ):
+        """``explain_divergence``: the paragraph logged when the run diverged (the run layer's names the last
+        good checkpoint and what to try)."""
         self.run_dir = run_dir
+        self.explain_divergence = explain_divergence
         self.tensorboard_dir = tensorboard_dir
         self.checkpoint_dir = checkpoint_dir
         self.last: EpochReport | None = None
@@ -53,7 +63,7 @@ class RunSummary(Observer):
         write_text_atomically(path, to_json(summary))
         final = summary["final"]
         if outcome == "diverged":
-            log.error("%s", divergence_message(trainer.guard.divergence, setup))
+            log.error("%s", self.explain_divergence(trainer.guard.divergence))
         if outcome == "stopped":
             next_step = (
                 "Run the same command again to resume."
@@ -92,7 +102,7 @@ class RunSummary(Observer):
         history = trainer.progress.history
         paths = []
         if history:
-            title = f"{trainer.setup.config.name}: {len(history)} epochs"
+            title = f"{trainer.setup.record.name}: {len(history)} epochs"
             paths.append(
                 save_png(loss_curve_figure(history, title), self.run_dir / "figures" / "loss_curves.png")
             )
@@ -121,9 +131,9 @@ class RunSummary(Observer):
                 final["metrics"] = self.last.validation.scalars
                 final["baseline_metrics"] = self.last.validation.baseline_scalars
         return {
-            "config": setup.config.name,
-            "config_file": setup.config.source,
-            "workload": setup.config.workload,
+            "config": setup.record.name,
+            "config_file": setup.record.source,
+            "workload": setup.record.workload,
             "outcome": outcome,
             "dlscale_version": __version__,
             "torch_version": str(torch.__version__),

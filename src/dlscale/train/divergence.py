@@ -24,17 +24,17 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from dlscale.runtime.distributed import any_rank
 from dlscale.train.nonfinite import NonFiniteWatch
-from dlscale.train.resume import restore_training, use_lr_scale
+from dlscale.train.train_progress import TrainProgress
 
 if TYPE_CHECKING:
-    from dlscale.train.progress import TrainProgress
-    from dlscale.train.setup import TrainingSetup
+    from dlscale.train.training_setup import TrainingSetup
 
 log = logging.getLogger("dlscale.train")
 
@@ -59,16 +59,29 @@ class Divergence:
         return dataclasses.asdict(self)
 
 
+class Recovery(Protocol):
+    """Where ``rollback`` goes back to, and how (the run's checkpoints; see :mod:`dlscale.checkpoint`)."""
+
+    def last_good(self) -> Path | None:
+        """The checkpoint to roll back to, or None when there is none yet."""
+        ...
+
+    def restore(self, path: Path) -> TrainProgress:
+        """Load weights, optimizer, schedule and RNG from ``path`` into the run; return its position."""
+        ...
+
+
 class DivergenceGuard:
     """The trainer's watch over NaN and inf, and ``train.on_nonfinite``'s decisions (see the module docstring).
 
     ``divergence`` is set once the run diverged beyond what the policy recovers from.
     """
 
-    def __init__(self, setup: TrainingSetup, progress: TrainProgress):
+    def __init__(self, setup: TrainingSetup, progress: TrainProgress, recovery: Recovery | None = None):
         self.setup = setup
         self.progress = progress
-        self.policy = setup.config.train
+        self.recovery = recovery
+        self.policy = setup.policy
         self.watch = NonFiniteWatch(setup.device.torch, self.policy.nonfinite_check_every)
         self.divergence: Divergence | None = None
         self._checked_at_step: int | None = None
@@ -135,8 +148,7 @@ class DivergenceGuard:
         s, p, policy, divergence = self.setup, self.progress, self.policy, self.divergence
         if policy.on_nonfinite != "rollback" or divergence is None:
             return None
-        # This run's last save; before its first one, the checkpoint it resumed from (maybe another run's).
-        target = s.checkpoints.latest_path if s.checkpoints.latest_path.is_file() else s.resumed_from
+        target = self.recovery.last_good() if self.recovery is not None else None
         if p.rollbacks >= policy.max_rollbacks or target is None:
             why = (
                 f"after {p.rollbacks} rollbacks (train.max_rollbacks {policy.max_rollbacks})"
@@ -146,11 +158,11 @@ class DivergenceGuard:
             self.divergence = dataclasses.replace(divergence, cause=f"{divergence.cause}, {why}")
             return None
         rollbacks, scale = p.rollbacks + 1, s.schedule.scale * policy.rollback_lr_factor
-        restored = restore_training(s, target)
+        restored = self.recovery.restore(target)
         for field in dataclasses.fields(restored):  # in place: the trainer and observers hold this object
             setattr(p, field.name, getattr(restored, field.name))
         p.rollbacks = rollbacks
-        use_lr_scale(s, scale)
+        s.use_lr_scale(scale)
         self.divergence, self._checked_at_step = None, None
         self.watch.reset()
         if s.process.is_main:
@@ -179,34 +191,3 @@ def loss_cause(loss: float | None, grad_norm: float | None) -> str:
             f" (the loss was {loss:.4g})" if loss is not None else ""
         )
     return "a loss or gradient was NaN or infinite"
-
-
-def advice(on_nonfinite: str, max_grad_norm: float | None, lr: float, warmup: int) -> str:
-    """What to try after a divergence, in one sentence (``lr`` is the config's ``optim.lr``)."""
-    tips = [f"a lower learning rate (e.g. --set optim.lr={lr / 4:.3g})"]
-    if max_grad_norm is None:
-        tips.append("gradient clipping (--set optim.max_grad_norm=1.0)")
-    if warmup == 0:
-        tips.append("a warm-up (--set optim.warmup=100)")
-    if on_nonfinite != "rollback":
-        tips.append("train.on_nonfinite: rollback (reload the last good checkpoint and lower the LR)")
-    listed = f"{', '.join(tips[:-1])} or {tips[-1]}" if len(tips) > 1 else tips[0]
-    return (
-        f"Try {listed}; if the data may hold NaN or infinite values, --set data.check_finite=true names the "
-        "file and sample"
-    )
-
-
-def divergence_message(divergence: Divergence, setup: Any) -> str:
-    """The one paragraph a user reads when a run diverged: where, what was kept, what to try."""
-    cfg = setup.config
-    latest = setup.checkpoints.latest_path
-    if not cfg.checkpoint.enabled:
-        kept = "Checkpoints are disabled (checkpoint.enabled: false), so nothing was saved."
-    elif latest.is_file():
-        kept = f"Nothing was saved after it; the last good checkpoint is {latest} (resume from it, or from "
-        kept += f"{setup.checkpoints.best_path.name} beside it, once the cause is fixed)."
-    else:
-        kept = "No checkpoint had been saved yet."
-    tips = advice(cfg.train.on_nonfinite, cfg.optim.max_grad_norm, cfg.optim.lr, cfg.optim.warmup)
-    return f"training diverged {divergence.describe()}. {kept} {tips}."

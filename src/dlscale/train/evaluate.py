@@ -49,7 +49,10 @@ class Evaluator(Protocol):
 
     def summary(self) -> EvalSummary: ...
 
-    # Optional: reduce_across_ranks(sum_, device) sums the metrics over data-parallel ranks before summary().
+    def reduce_across_ranks(self, sum_: Callable[[torch.Tensor], None], device: torch.device) -> None:
+        """Sum the metrics over the ranks that evaluated different samples, before ``summary()``."""
+        # Without it, its metrics would describe this rank's share of the samples only.
+        raise TypeError(f"{type(self).__name__} has no reduce_across_ranks(); it cannot run on several ranks")
 
 
 def evaluate(
@@ -92,11 +95,6 @@ def evaluate(
     if metric_sum is None and is_distributed():
         metric_sum = sum_across_ranks_
     if metric_sum is not None:
-        if not hasattr(evaluator, "reduce_across_ranks"):
-            # Its metrics would describe this rank's share of the samples only.
-            raise TypeError(
-                f"{type(evaluator).__name__} has no reduce_across_ranks(); it cannot run on several ranks"
-            )
         evaluator.reduce_across_ranks(metric_sum, device.torch)
     device.synchronize()
     summary = evaluator.summary()

@@ -8,28 +8,17 @@ are not separate step classes: the step runs ``forward`` (the model, or its comp
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from dlscale.parallel.sharded_state import clip_grad_norm_sharded, gradient_norm_sharded
+from dlscale.parallel.shard_specs import clip_grad_norm_sharded, gradient_norm_sharded
 from dlscale.runtime.distributed import any_rank
+from dlscale.runtime.nvtx import NO_MARKERS, StepMarkers
 from dlscale.train.precision import Precision
 from dlscale.train.schedule import LRSchedule
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-class _NoMarkers:
-    """Named ranges that cost nothing (profiling off)."""
-
-    def range(self, name: str) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-
-NO_MARKERS = _NoMarkers()
 
 
 class TrainStep:
@@ -53,7 +42,7 @@ class TrainStep:
         max_grad_norm: float | None = None,
         precision: Precision | None = None,
         forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        markers: Any = NO_MARKERS,
+        markers: StepMarkers = NO_MARKERS,
         skip_nonfinite: bool = False,
     ):
         self.model = model

@@ -12,93 +12,37 @@ import logging
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from dlscale.errors import InvalidValue
 from dlscale.runtime.distributed import any_rank, average_across_ranks
 from dlscale.runtime.signals import StopRequest
-from dlscale.train.divergence import DivergenceGuard
+from dlscale.train.divergence import DivergenceGuard, Recovery
 from dlscale.train.evaluate import evaluate
 from dlscale.train.observer import EpochReport, Observer
-
-if TYPE_CHECKING:
-    from dlscale.train.setup import TrainingSetup
+from dlscale.train.training_setup import TrainingSetup
 
 log = logging.getLogger("dlscale.train")
-
-
-@dataclass
-class TrainConfig:
-    """Run length, batch size, seed, and how each training step is executed."""
-
-    global_batch_size: int = 16  # samples per optimizer step, summed over data-parallel ranks
-    local_batch_size: int | None = None  # per-rank batch; when set, global_batch_size = local x ranks
-    num_iters: int | None = 30000  # optimizer steps; the run trains num_iters // steps_per_epoch whole epochs
-    num_epochs: int | None = None  # when set, wins over num_iters
-    seed: int = 0  # model init, data order and dropout; the same seed and config give the same losses
-    amp_mode: Literal["none", "fp16", "bf16"] = "none"  # mixed precision (autocast; fp16 adds a GradScaler)
-    tf32: bool = (
-        True  # TF32 tensor cores for fp32 matmuls and convolutions on GPUs (as in NVIDIA's containers)
-    )
-    enable_jit: bool = False  # compile the model with torch.compile
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = (
-        "default"  # torch.compile's mode when enable_jit is on
-    )
-    cuda_graphs: bool = False  # capture forward + loss + backward (and the optimizer step) in a CUDA graph
-    graph_warmup_steps: int = 20  # eager steps on a side stream before capture (the tutorial uses 20)
-    deterministic: bool = False  # deterministic kernels on GPUs (slower); CPU runs are deterministic anyway
-    # What a NaN or infinite loss/gradient does (README, "When things go wrong"): stop the run without saving
-    # over the last good checkpoint; skip the update (a host sync every step); or roll back to that checkpoint
-    # and lower the LR.
-    on_nonfinite: Literal["stop", "skip", "rollback"] = "stop"
-    nonfinite_check_every: int = 10  # steps between reads of the device's non-finite flag (one sync each)
-    max_skipped_steps: int = 10  # skip: the run stops as diverged after more skipped updates than this
-    max_rollbacks: int = 3  # rollback: the run stops as diverged when it diverges again after this many
-    rollback_lr_factor: float = 0.5  # rollback: multiplies the LR (the whole schedule) at each rollback
-
-    def __post_init__(self) -> None:
-        for name in ("global_batch_size", "local_batch_size", "num_iters", "num_epochs"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise InvalidValue(name, f"must be >= 1, got {value}")
-        if self.num_iters is None and self.num_epochs is None:
-            raise InvalidValue("num_iters", "set num_iters or num_epochs (both are null)")
-        if self.graph_warmup_steps < 1:
-            raise InvalidValue("graph_warmup_steps", f"must be >= 1, got {self.graph_warmup_steps}")
-        if self.nonfinite_check_every < 1:
-            raise InvalidValue("nonfinite_check_every", f"must be >= 1, got {self.nonfinite_check_every}")
-        for name in ("max_skipped_steps", "max_rollbacks"):
-            if getattr(self, name) < 0:
-                raise InvalidValue(name, f"must be >= 0, got {getattr(self, name)}")
-        if not (math.isfinite(self.rollback_lr_factor) and 0.0 < self.rollback_lr_factor <= 1.0):
-            raise InvalidValue("rollback_lr_factor", f"must be in (0, 1], got {self.rollback_lr_factor}")
-        if self.cuda_graphs and self.on_nonfinite != "stop":
-            raise InvalidValue(
-                "on_nonfinite",
-                f"{self.on_nonfinite!r} cannot be combined with cuda_graphs: a captured step can neither decide "
-                "on the host to skip its update nor take reloaded optimizer state; use 'stop' with graphs",
-            )
-        if self.cuda_graphs and self.enable_jit:
-            raise InvalidValue(
-                "cuda_graphs",
-                "cannot be combined with enable_jit: a compiled model brings its own CUDA graphs, so use "
-                "enable_jit with compile_mode: reduce-overhead instead (or switch one of them off)",
-            )
 
 
 class Trainer:
     """The epoch loop. Everything optional (logs, progress, TensorBoard, checkpoints) is an observer; what a NaN
     or inf does is the :class:`~dlscale.train.divergence.DivergenceGuard`'s business."""
 
-    def __init__(self, setup: TrainingSetup, observers: list[Observer], stop: StopRequest | None = None):
+    def __init__(
+        self,
+        setup: TrainingSetup,
+        observers: list[Observer],
+        stop: StopRequest | None = None,
+        recovery: Recovery | None = None,
+    ):
+        """``recovery`` brings back the last good state for ``train.on_nonfinite: rollback`` (the run layer
+        passes the run's checkpoints: :class:`dlscale.checkpoint.training_state.CheckpointRecovery`)."""
         self.setup = setup
         self.progress = setup.progress
         self.observers = observers
         self.stop = stop or StopRequest()
-        self.guard = DivergenceGuard(setup, self.progress)
+        self.guard = DivergenceGuard(setup, self.progress, recovery)
         self._pending_loss: torch.Tensor | None = None  # device-side sum of losses not yet in progress
         self.last_fetch_seconds = 0.0  # host time the last batch took to arrive (for monitors)
 
@@ -176,11 +120,10 @@ class Trainer:
         s, p = self.setup, self.progress
         self.flush_loss()
         train_loss = p.epoch_loss_sum / max(p.step_in_epoch - p.epoch_skipped_steps, 1)
-        if s.sync_buffers is not None:
-            s.sync_buffers()  # every rank validates (and saves) the same BatchNorm statistics
-        validation = evaluate(
-            s.model, s.valid_loader, s.evaluator, s.device, s.predict, s.metric_sum, s.lockstep_validation
-        )
+        v = s.validation
+        if v.sync_buffers is not None:
+            v.sync_buffers()  # every rank validates (and saves) the same BatchNorm statistics
+        validation = evaluate(s.model, v.loader, v.evaluator, s.device, v.predict, v.metric_sum, v.lockstep)
         # A NaN never compares below the best, and must never *become* the best that later epochs cannot beat.
         is_best = math.isfinite(validation.loss) and (
             p.best_val_loss is None or validation.loss < p.best_val_loss
@@ -227,7 +170,7 @@ class Trainer:
         waiting in their next all-reduce)."""
         if self.setup.process.world_size <= 1:
             return self.stop.requested
-        if not at_boundary and self.progress.global_step % self.setup.config.parallel.stop_check_every:
+        if not at_boundary and self.progress.global_step % self.setup.stop_check_every:
             return False
         if any_rank(self.stop.requested, self.setup.device):
             self.stop.request("a stop signal on another rank")

@@ -10,14 +10,14 @@ from collections.abc import Callable
 
 import torch
 
-from dlscale.train.evaluate import EvalSummary
+from dlscale.train.evaluate import EvalSummary, Evaluator
 from dlscale.train.metrics import MetricSums
 
 # (logits or log-probabilities (B, classes), labels (B,)) -> per-sample losses (B,)
 PerSampleLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-class ClassificationEvaluator:
+class ClassificationEvaluator(Evaluator):
     """Per-sample loss and top-1 accuracy, plus the class histogram for the majority-class baseline."""
 
     def __init__(self, num_classes: int, per_sample_loss: PerSampleLoss):

@@ -11,10 +11,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dlscale.data.mnist import NUM_CLASSES, MNISTDataConfig, MNISTDataset
-from dlscale.models.cnn import CNNConfig, MnistCNN, count_parameters
+from dlscale.data.mnist import MNISTDataset
+from dlscale.data.mnist_config import NUM_CLASSES, MNISTDataConfig
+from dlscale.models.cnn import MnistCNN, count_parameters
+from dlscale.models.cnn_config import CNNConfig
 from dlscale.train.evaluate import EvalSummary
 from dlscale.workloads.classification import ClassificationEvaluator
+from dlscale.workloads.protocol import Workload
 
 
 def nll_per_sample(log_probabilities: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -39,7 +42,7 @@ class MnistEvaluator(ClassificationEvaluator):
         return summary
 
 
-class CNNMnist:
+class CNNMnist(Workload):
     """The MNIST + CNN workload (see the module docstring)."""
 
     name = "cnn_mnist"

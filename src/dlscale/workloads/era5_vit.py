@@ -12,11 +12,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from dlscale.config.suggest import did_you_mean
-from dlscale.data.era5 import ERA5DataConfig, ERA5Dataset
-from dlscale.errors import ConfigError
-from dlscale.models.vit import VisionTransformer, ViTConfig, count_parameters, vit_flops_per_sample
-from dlscale.train.evaluate import EvalSummary, ExampleImage
+from dlscale.data.era5 import ERA5Dataset
+from dlscale.data.era5_config import ERA5DataConfig
+from dlscale.errors import ConfigError, did_you_mean
+from dlscale.models.vit import VisionTransformer, count_parameters, vit_flops_per_sample
+from dlscale.models.vit_config import ViTConfig
+from dlscale.train.evaluate import EvalSummary, Evaluator, ExampleImage
 from dlscale.train.metrics import (
     MetricSums,
     latitude_weights,
@@ -24,6 +25,7 @@ from dlscale.train.metrics import (
     relative_l2_per_sample,
     weighted_rmse_per_sample,
 )
+from dlscale.workloads.protocol import Workload
 
 HEADLINE_CHANNEL = "u10"
 DEFAULT_IMAGE_CHANNEL = "t2m"
@@ -37,7 +39,7 @@ def channel_unit(name: str) -> str:
     return {"t": "K", "z": "m2/s2", "r": "%"}.get(name[:1], "")
 
 
-class ERA5Evaluator:
+class ERA5Evaluator(Evaluator):
     """Per-sample loss and latitude-weighted RMSE per channel, for the model and for persistence."""
 
     def __init__(self, dataset: ERA5Dataset, image_channel: str | None = None):
@@ -115,7 +117,7 @@ class ERA5Evaluator:
         )
 
 
-class ERA5ViT:
+class ERA5ViT(Workload):
     """The ERA5 + ViT workload (see the module docstring)."""
 
     name = "era5_vit"
@@ -135,6 +137,10 @@ class ERA5ViT:
         from dlscale.parallel.vit_parallel import parallelize_vit
 
         return parallelize_vit(model, mesh)
+
+    def fsdp_units(self, model: VisionTransformer) -> list[torch.nn.Module]:
+        """The transformer blocks: FSDP2 gathers one block's parameters at a time."""
+        return list(model.blocks)
 
     def forward_flops_per_sample(self, model_cfg: ViTConfig, data_cfg: ERA5DataConfig) -> int:
         """Analytic forward FLOPs of one sample (matmuls and attention), for TFLOP/s and MFU."""

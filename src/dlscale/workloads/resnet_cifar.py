@@ -10,10 +10,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dlscale.data.cifar import CIFARDataConfig, CIFARDataset
+from dlscale.data.cifar import CIFARDataset
+from dlscale.data.cifar_config import CIFARDataConfig
 from dlscale.errors import ConfigError
-from dlscale.models.resnet import ResNet, ResNetConfig, count_parameters, resnet_flops_per_sample
+from dlscale.models.resnet import ResNet, count_parameters, resnet_flops_per_sample
+from dlscale.models.resnet_config import ResNetConfig
 from dlscale.workloads.classification import ClassificationEvaluator
+from dlscale.workloads.protocol import Workload
 
 
 def per_sample_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -21,7 +24,7 @@ def per_sample_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torc
     return F.cross_entropy(logits, labels, reduction="none")
 
 
-class ResNetCIFAR:
+class ResNetCIFAR(Workload):
     """The CIFAR-100 + ResNet workload (see the module docstring)."""
 
     name = "resnet_cifar"

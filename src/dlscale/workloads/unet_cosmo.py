@@ -13,12 +13,14 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from dlscale.config.suggest import did_you_mean
-from dlscale.data.cosmo import CosmoCropDataset, CosmoDataConfig
-from dlscale.errors import ConfigError
-from dlscale.models.unet3d import UNet3D, UNetConfig, count_parameters, size_problem, unet_flops_per_sample
-from dlscale.train.evaluate import EvalSummary, ExampleImage
+from dlscale.data.cosmo import CosmoCropDataset
+from dlscale.data.cosmo_config import CosmoDataConfig
+from dlscale.errors import ConfigError, did_you_mean
+from dlscale.models.unet3d import UNet3D, count_parameters, size_problem, unet_flops_per_sample
+from dlscale.models.unet3d_config import UNetConfig
+from dlscale.train.evaluate import EvalSummary, Evaluator, ExampleImage
 from dlscale.train.metrics import MetricSums
+from dlscale.workloads.protocol import Workload
 
 DENSITY_EXPONENT = 14.0  # channel 0 holds log(density) / 14 (the tutorial's loss undoes it with exp(14 x))
 HEADLINE = "L1"
@@ -43,7 +45,7 @@ def cosmo_loss(prediction: torch.Tensor, target: torch.Tensor, lambda_rho: float
     return loss
 
 
-class CosmoEvaluator:
+class CosmoEvaluator(Evaluator):
     """Per-sample loss and per-channel L1, for the model and for predicting zeros."""
 
     def __init__(self, dataset: CosmoCropDataset, lambda_rho: float = 0.0, image_channel: str | None = None):
@@ -114,7 +116,7 @@ class CosmoEvaluator:
         )
 
 
-class UNetCosmo:
+class UNetCosmo(Workload):
     """The dark-matter -> gas U-Net workload (see the module docstring).
 
     The loss has a parameter, the density weight ``lambda_rho`` (a ``model:`` key), so a run uses the copy that

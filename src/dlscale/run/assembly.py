@@ -1,78 +1,62 @@
-"""Build everything a run needs from its config: data, model, optimizer, schedule, loaders, evaluator.
+"""Build a run from its config: data, model, layout, optimizer, schedule, loaders, evaluator, profiling.
 
 This is where the workload (data + model + loss + metrics) meets the recipe (optimizer, schedule) and the
-layout (ranks, device). It also continues from a checkpoint when there is one to continue from.
+layout (ranks, device), and the one place that reads the whole config: each piece below receives only its own
+section. It also continues from a checkpoint when there is one to continue from.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
+from torch.utils.data import Dataset
 
+from dlscale.checkpoint.directory import CheckpointDir
+from dlscale.checkpoint.resume import resume_source, weight_defining_keys
+from dlscale.checkpoint.training_state import restore_training
 from dlscale.config.run_config import RunConfig
 from dlscale.data.finite_check import FiniteCheckedBatches
-from dlscale.data.pipeline import BatchSource, build_batch_source
+from dlscale.data.pipeline import build_batch_source
 from dlscale.data.sampler import EvaluationSampler, TrainingSampler
 from dlscale.errors import ConfigError
 from dlscale.parallel.data_parallel import buffer_synchronizer, wrap_data_parallel
-from dlscale.parallel.mesh import ParallelMesh
-from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum, parallelize, report_layout
+from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum, report_layout
 from dlscale.perf.flops import Utilization, compute_precision, training_flops_per_sample
+from dlscale.perf.profile import build_profiling
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
+from dlscale.runtime.nvtx import NO_MARKERS
 from dlscale.runtime.rng import seed_everything
-from dlscale.train.checkpoint import CheckpointDir
 from dlscale.train.graphs import GraphedTrainStep, optimizer_is_capturable
+from dlscale.train.observer import Observer
 from dlscale.train.optim import build_optimizer
 from dlscale.train.precision import Precision
-from dlscale.train.progress import TrainProgress
-from dlscale.train.resume import restore_training, resume_source
 from dlscale.train.schedule import EpochPlan, LRSchedule, plan_epochs, scaled_lr
-from dlscale.train.step import NO_MARKERS, TrainStep
+from dlscale.train.step import TrainStep
+from dlscale.train.train_progress import TrainProgress
+from dlscale.train.training_setup import RunRecord, TrainingSetup, Validation
 from dlscale.workloads import get_workload
+from dlscale.workloads.protocol import Workload
 
 log = logging.getLogger("dlscale.train")
 
 
 @dataclass
-class TrainingSetup:
-    """The built pieces of a run; the trainer and its observers read them."""
+class BuiltRun:
+    """A run built from its config: what the trainer runs, and the pieces around it that the run layer wires."""
 
     config: RunConfig
-    run_dir: Path
-    process: ProcessInfo
-    device: Device
-    workload: Any
-    datasets: dict[str, Any]
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    schedule: LRSchedule
-    step: TrainStep
-    plan: EpochPlan
-    global_batch_size: int
-    local_batch_size: int
-    train_sampler: TrainingSampler
-    # yield batches on the device (see dlscale.data.pipeline), checked for NaN/inf with data.check_finite
-    train_loader: BatchSource | FiniteCheckedBatches
-    valid_loader: BatchSource | FiniteCheckedBatches
-    evaluator: Any
+    setup: TrainingSetup
+    workload: Workload
+    datasets: Mapping[str, Dataset]
     checkpoints: CheckpointDir
-    precision: Precision
-    predict: Any  # inputs -> fp32 predictions for validation (compiled and autocast like training)
-    mesh: ParallelMesh = field(default_factory=ParallelMesh.serial)  # the dp x tp x cp layout and its groups
-    metric_sum: Any = None  # in-place sum of validation metrics over the ranks that saw different samples
-    lockstep_validation: bool = False  # every rank runs the same number of validation forwards (FSDP2)
-    sync_buffers: Any = None  # gives every replica rank 0's buffers (BatchNorm statistics) before validation
-    progress: TrainProgress = field(default_factory=TrainProgress)
     resumed_from: Path | None = None
-    utilization: Any = None  # dlscale.perf.flops.Utilization: TFLOP/s and MFU from samples/s (None: unknown)
-    markers: Any = NO_MARKERS  # named ranges (NVTX, profiler) around the loop's data, step and phases
+    profilers: tuple[Observer, ...] = ()  # the profile: section's observers (their markers are in the setup)
 
 
 def batch_sizes(cfg: RunConfig, replicas: int) -> tuple[int, int]:
@@ -90,18 +74,18 @@ def batch_sizes(cfg: RunConfig, replicas: int) -> tuple[int, int]:
 
 def build_training(
     cfg: RunConfig, run_dir: Path, process: ProcessInfo, device: Device, resume: bool = True
-) -> TrainingSetup:
+) -> BuiltRun:
     """Build the run from ``cfg`` and continue from its checkpoint if ``checkpoint.resume`` says so.
 
-    ``resume=False`` (throughput trials) never reads a checkpoint, whatever ``checkpoint.resume`` says.
+    ``resume=False`` (throughput trials) never reads a checkpoint, whatever ``checkpoint.resume`` says, and
+    attaches no profiler.
     """
-    workload = get_workload(cfg.workload)
-    if hasattr(workload, "configured"):  # a workload whose loss or metrics take parameters from the config
-        workload = workload.configured(cfg.model, cfg.data)
+    # A workload whose loss or metrics take parameters from the config is bound to it here.
+    workload = get_workload(cfg.workload).configured(cfg.model, cfg.data)
     check_device_support(cfg, device, process)
     if cfg.train.on_nonfinite == "rollback" and not cfg.checkpoint.enabled:
         raise ConfigError(
-            f"{cfg.source} [config {cfg.name!r}]: train.on_nonfinite 'rollback' reloads the last good checkpoint, "
+            f"{cfg.where}: train.on_nonfinite 'rollback' reloads the last good checkpoint, "
             "and checkpoint.enabled is false; enable checkpoints or choose 'stop' or 'skip'"
         )
     device.configure(cfg.train.deterministic, tf32=cfg.train.tf32)
@@ -119,14 +103,19 @@ def build_training(
     try:
         plan = plan_epochs(len(train_set), global_batch, cfg.train.num_iters, cfg.train.num_epochs)
     except ValueError as exc:
-        raise ConfigError(f"{cfg.source} [config {cfg.name!r}]: {exc}") from None
+        raise ConfigError(f"{cfg.where}: {exc}") from None
+    # Built before the step, which marks its phases with them (profilers attach on every rank: they decide
+    # themselves which ranks record).
+    markers, profilers = (
+        build_profiling(cfg.profile, process.rank, device, plan) if resume else (NO_MARKERS, [])
+    )
 
     model = workload.build_model(cfg.model, cfg.data).to(device.torch)
     with errors_naming_the_config(cfg):
-        model = parallelize(model, workload, mesh)  # this rank's part of it (tp/cp), from outside the model
+        model = workload.parallelize(model, mesh)  # this rank's part of it (tp/cp), from outside the model
     # DDP across the ranks holding the same parameters, FSDP2 (which shards the parameters first, so it comes
     # before the optimizer), or the model itself.
-    replica = wrap_data_parallel(model, cfg.parallel, process, device, mesh)
+    replica = wrap_data_parallel(model, cfg.parallel, process, device, mesh, workload.fsdp_units(model))
     sharded_over_ranks = cfg.parallel.data_parallel == "fsdp" and mesh.size("dp-cp") > 1
     report_layout(model, mesh)
     peak_lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_scaling, global_batch, cfg.optim.base_batch_size)
@@ -158,6 +147,7 @@ def build_training(
         precision,
         forward,
         skip_nonfinite=cfg.train.on_nonfinite == "skip",
+        markers=markers,
         **extra,
     )
 
@@ -172,45 +162,55 @@ def build_training(
     valid_loader = build_batch_source(
         valid_set, cfg.loader, local_batch, valid_sampler, device, seed=cfg.train.seed + 1
     )
-    if getattr(cfg.data, "check_finite", False):
+    if getattr(cfg.data, "check_finite", False):  # a workload's data section may not offer the check
         train_loader = FiniteCheckedBatches(train_loader, sampler, train_set, "training", local_batch)
         valid_loader = FiniteCheckedBatches(valid_loader, valid_sampler, valid_set, "validation", local_batch)
 
     setup = TrainingSetup(
-        config=cfg,
+        record=RunRecord(
+            name=cfg.name,
+            source=cfg.source,
+            workload=cfg.workload,
+            overrides=cfg.overrides,
+            resolved=cfg.to_dict(),
+            weight_defining_keys=weight_defining_keys(cfg.model, cfg.data),
+        ),
+        policy=cfg.train,
         run_dir=run_dir,
         process=process,
         device=device,
-        workload=workload,
-        datasets=datasets,
+        mesh=mesh,
         model=model,
         optimizer=optimizer,
         schedule=schedule,
         step=step,
+        precision=precision,
         plan=plan,
         global_batch_size=global_batch,
         local_batch_size=local_batch,
         train_sampler=sampler,
         train_loader=train_loader,
-        valid_loader=valid_loader,
-        evaluator=workload.evaluator(valid_set, cfg.log.image_channel),
-        checkpoints=checkpoints,
-        precision=precision,
-        # Validation never goes through DDP: its forward would broadcast buffers, a collective that a rank
-        # without validation samples would skip.
-        predict=precision.wrap_inference(forward if replica is model else model),
+        validation=Validation(
+            loader=valid_loader,
+            evaluator=workload.evaluator(valid_set, cfg.log.image_channel),
+            # Validation never goes through DDP: its forward would broadcast buffers, a collective that a rank
+            # without validation samples would skip.
+            predict=precision.wrap_inference(forward if replica is model else model),
+            metric_sum=data_parallel_sum(mesh, default=None),
+            lockstep=sharded_over_ranks,
+            sync_buffers=buffer_synchronizer(model, cfg.parallel, process, mesh),
+        ),
+        stop_check_every=cfg.parallel.stop_check_every,
         utilization=measure_utilization(workload, model, cfg, device, train_set),
-        mesh=mesh,
-        metric_sum=data_parallel_sum(mesh, default=None),
-        lockstep_validation=sharded_over_ranks,
-        sync_buffers=buffer_synchronizer(model, cfg.parallel, process, mesh),
+        markers=markers,
     )
+    built = BuiltRun(cfg, setup, workload, datasets, checkpoints, profilers=tuple(profilers))
     if resume_from is not None:
         # Restores the RNG last, right before training.
-        setup.progress = restore_training(setup, resume_from, cfg.checkpoint.resume_weights_only)
-        setup.resumed_from = resume_from
+        setup.progress = restore_training(setup, resume_from, checkpoints, cfg.checkpoint.resume_weights_only)
+        built.resumed_from = resume_from
         continue_with_new_length(setup.progress, plan)
-    return setup
+    return built
 
 
 def continue_with_new_length(progress: TrainProgress, plan: EpochPlan) -> None:
@@ -243,17 +243,16 @@ def errors_naming_the_config(cfg: RunConfig) -> Iterator[None]:
     try:
         yield
     except ConfigError as exc:
-        raise ConfigError(f"{cfg.source} [config {cfg.name!r}]: {exc}") from None
+        raise ConfigError(f"{cfg.where}: {exc}") from None
 
 
 def measure_utilization(
-    workload: Any, model: torch.nn.Module, cfg: RunConfig, device: Device, train_set: Any
+    workload: Workload, model: torch.nn.Module, cfg: RunConfig, device: Device, train_set: Dataset
 ) -> Utilization:
     """FLOPs per training sample (analytic when the workload knows them, else counted) and the device's peak."""
-    if hasattr(workload, "forward_flops_per_sample"):
-        estimate = training_flops_per_sample(
-            model, None, workload.forward_flops_per_sample(cfg.model, cfg.data)
-        )
+    analytic = workload.forward_flops_per_sample(cfg.model, cfg.data)
+    if analytic is not None:
+        estimate = training_flops_per_sample(model, None, analytic)
     else:
         sample_inputs = train_set[0][0].unsqueeze(0).to(device.torch)
         estimate = training_flops_per_sample(model, sample_inputs)
@@ -266,17 +265,17 @@ def check_device_support(cfg: RunConfig, device: Device, process: ProcessInfo) -
     """Refuse switches this device cannot honour, naming the switch (instead of silently running without it)."""
     if cfg.train.cuda_graphs and process.world_size > 1:
         raise ConfigError(
-            f"{cfg.source} [config {cfg.name!r}]: train.cuda_graphs with {process.world_size} ranks is not "
+            f"{cfg.where}: train.cuda_graphs with {process.world_size} ranks is not "
             "available yet (capturing DDP's all-reduces needs its own set-up); switch it off for multi-GPU runs"
         )
     if cfg.train.cuda_graphs and not device.is_gpu:
         raise ConfigError(
-            f"{cfg.source} [config {cfg.name!r}]: train.cuda_graphs needs a CUDA GPU, and this run is on "
+            f"{cfg.where}: train.cuda_graphs needs a CUDA GPU, and this run is on "
             f"{device.name}; switch it off (--no-cuda_graphs)"
         )
 
 
-def compile_model(model: torch.nn.Module, mode: str) -> Any:
+def compile_model(model: torch.nn.Module, mode: str) -> Callable[..., torch.Tensor]:
     """``torch.compile`` of the model (the module itself keeps the parameters and the checkpoint keys)."""
     log.info(
         "Compiling the model with torch.compile (mode %s); the first steps include the compilation", mode
@@ -296,10 +295,11 @@ def describe_execution(cfg: RunConfig) -> str:
     return ", ".join(parts)
 
 
-def describe_setup(setup: TrainingSetup) -> list[str]:
+def describe_run(run: BuiltRun) -> list[str]:
     """The start-of-run lines: what is being trained, on what, for how long."""
-    cfg, plan = setup.config, setup.plan
-    train_set, valid_set = setup.datasets["train"], setup.datasets["valid"]
+    cfg, setup = run.config, run.setup
+    plan = setup.plan
+    train_set, valid_set = run.datasets["train"], run.datasets["valid"]
     optim = cfg.optim
     lr_note = ""
     if optim.lr_scaling != "none" and optim.base_batch_size is not None:
@@ -312,7 +312,7 @@ def describe_setup(setup: TrainingSetup) -> list[str]:
         f"layout {setup.mesh.shape.describe()}",
         f"Data: train {train_set!r}",
         f"      valid {valid_set!r}",
-        f"Model: {setup.workload.describe_model(setup.model)}",
+        f"Model: {run.workload.describe_model(setup.model)}",
         f"Optimizer: {optim.optimizer}{' (fused)' if optim.enable_fused else ''}, peak lr "
         f"{setup.schedule.peak_lr:.3g}{lr_note}, {optim.lr_schedule} schedule, warmup {optim.warmup} steps",
         f"Batch: global {setup.global_batch_size} (local {setup.local_batch_size} x "
@@ -322,12 +322,12 @@ def describe_setup(setup: TrainingSetup) -> list[str]:
     if setup.utilization is not None:
         u = setup.utilization
         lines.append(f"FLOPs: {u.flops_per_sample / 1e9:.4g} GFLOP per training sample; {u.describe()}")
-    if setup.resumed_from is not None and setup.config.checkpoint.resume_weights_only:
-        lines.append(f"Initial weights from {setup.resumed_from} (weights only: a new run from step 0)")
-    elif setup.resumed_from is not None:
+    if run.resumed_from is not None and cfg.checkpoint.resume_weights_only:
+        lines.append(f"Initial weights from {run.resumed_from} (weights only: a new run from step 0)")
+    elif run.resumed_from is not None:
         p = setup.progress
         lines.append(
-            f"Resuming from {setup.resumed_from}: epoch {p.epoch + 1}, step {p.step_in_epoch} of the epoch "
+            f"Resuming from {run.resumed_from}: epoch {p.epoch + 1}, step {p.step_in_epoch} of the epoch "
             f"(global step {p.global_step} of {plan.total_steps})"
         )
     return lines

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 
-from dlscale.train.checkpoint import CheckpointDir
+from dlscale.checkpoint.checkpoint_config import CheckpointConfig
+from dlscale.checkpoint.directory import CheckpointDir
+from dlscale.checkpoint.training_state import training_payload
 from dlscale.train.divergence import Divergence
 from dlscale.train.nonfinite import first_nonfinite
 from dlscale.train.observer import EpochReport, Observer
-from dlscale.train.resume import CheckpointConfig, training_payload
 
 log = logging.getLogger("dlscale.train")
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscale.parallel.sharded_state import shard_specs
+from dlscale.parallel.shard_specs import shard_specs
+from dlscale.train.optim_config import OptimConfig
 
 # Per-parameter state tensors each optimizer keeps, the same size as the parameter.
 _STATE_TENSORS = {"Adam": 2, "AdamW": 2, "Adadelta": 2}
@@ -36,10 +37,10 @@ def serial_state_bytes(model: Any) -> tuple[int, int]:
     return state_bytes, parameter_bytes
 
 
-def estimate_checkpoint_bytes(setup: Any) -> int:
-    """Bytes of this run's checkpoint file (within a few percent for the shipped models)."""
-    state_bytes, parameter_bytes = serial_state_bytes(setup.model)
-    optim = setup.config.optim
+def estimate_checkpoint_bytes(model: Any, optim: OptimConfig) -> int:
+    """Bytes of the checkpoint file of a run training ``model`` with ``optim`` (within a few percent for the
+    shipped models)."""
+    state_bytes, parameter_bytes = serial_state_bytes(model)
     tensors = _STATE_TENSORS.get(optim.optimizer, 1 if optim.momentum else 0)
     # Moments are kept in fp32 for fp32 parameters, which is what dlscale trains (autocast casts per operation).
     return state_bytes + tensors * parameter_bytes + _OVERHEAD_BYTES

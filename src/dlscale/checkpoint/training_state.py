@@ -1,0 +1,124 @@
+"""Saving and restoring a whole training run: weights, optimizer, schedule, precision, RNG and position.
+
+:func:`training_payload` is what a checkpoint holds; :func:`restore_training` loads one into a freshly built run
+(and refuses one that cannot continue it); :class:`CheckpointRecovery` is what ``train.on_nonfinite: rollback``
+goes back to.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlscale import __version__
+from dlscale.checkpoint.directory import CheckpointDir
+from dlscale.checkpoint.files import load_model_state
+from dlscale.checkpoint.resume import check_config_changes, load_for_resume, load_optimizer_state
+from dlscale.checkpoint.sharded_state import (
+    full_model_state,
+    full_optimizer_state,
+    local_model_state,
+    local_optimizer_state,
+)
+from dlscale.errors import CheckpointError
+from dlscale.runtime.rng import capture_rng_state, restore_rng_state
+from dlscale.train.train_progress import TrainProgress
+from dlscale.train.trainer import Trainer
+from dlscale.train.training_setup import TrainingSetup
+
+log = logging.getLogger(__name__)
+
+
+def training_payload(trainer: Trainer) -> dict[str, Any]:
+    """Everything needed to continue ``trainer``'s run exactly where it is now."""
+    setup = trainer.setup
+    trainer.flush_loss()
+    return {
+        # Gathered to the serial model's shapes, so that any layout can continue from it.
+        "model": full_model_state(setup.model),
+        "optimizer": full_optimizer_state(setup.model, setup.optimizer),
+        "scheduler": setup.schedule.state_dict(),
+        "grad_scaler": setup.precision.state_dict(),
+        "rng": capture_rng_state(),
+        "progress": trainer.progress.to_dict(),
+        "config": setup.record.resolved,
+        "meta": {
+            "dlscale_version": __version__,
+            "torch_version": str(torch.__version__),
+            "config_name": setup.record.name,
+            "workload": setup.record.workload,
+            "world_size": setup.process.world_size,
+            "layout": setup.mesh.shape.describe(),
+            "global_batch_size": setup.global_batch_size,
+            "saved_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        },
+    }
+
+
+def restore_training(
+    setup: TrainingSetup, path: Path, checkpoints: CheckpointDir, weights_only: bool = False
+) -> TrainProgress:
+    """Load a checkpoint into a freshly built run: weights, optimizer, position, RNG; return the position.
+
+    Raises CheckpointError when the checkpoint cannot continue this run (another model shape, another global
+    batch size, or a changed key that would reinterpret the saved weights); warns about other config changes,
+    which then take effect from here on. With ``weights_only`` (``checkpoint.resume_weights_only``) only the
+    weights are taken, changed model keys are allowed, and a fresh position is returned.
+    """
+    payload = load_for_resume(path, checkpoints)  # names the run's loadable checkpoints if it fails
+    source = str(path)
+    for entry in ("model",) if weights_only else ("model", "optimizer", "progress", "rng", "meta"):
+        if entry not in payload:
+            raise CheckpointError(f"{source}: has no {entry!r} entry; it cannot resume a training run")
+    meta = payload.get("meta", {})
+    saved_workload = meta.get("workload")
+    if saved_workload is not None and saved_workload != setup.record.workload:
+        raise CheckpointError(
+            f"{source}: was written by a {saved_workload!r} run, and this run trains {setup.record.workload!r} "
+            "(two configs of the same name share a run directory); use another --run_num or --expdir"
+        )
+    check_config_changes(payload.get("config", {}), setup.record, source, weights_only)
+    # The checkpoint holds the serial model's state; each rank loads its own shards of it.
+    load_model_state(setup.model, local_model_state(setup.model, payload["model"]), source)
+    if weights_only:
+        log.info("%s: took the model weights only; optimizer, LR schedule and position start afresh", source)
+        return TrainProgress()
+    saved_batch = meta.get("global_batch_size")
+    if saved_batch != setup.global_batch_size:
+        raise CheckpointError(
+            f"{source}: was written with global batch size {saved_batch}, this run uses {setup.global_batch_size}; "
+            "the data position and the LR schedule only carry over with the same global batch size"
+        )
+    optimizer_state = local_optimizer_state(setup.model, setup.optimizer, payload["optimizer"])
+    load_optimizer_state(setup.optimizer, optimizer_state, source)
+    setup.precision.load_state_dict(payload.get("grad_scaler"))
+    saved_schedule = dict(payload.get("scheduler") or {})
+    setup.use_lr_scale(float(saved_schedule.pop("scale", 1.0)))  # a rolled-back run keeps its lowered LR
+    current_schedule = {k: v for k, v in setup.schedule.state_dict().items() if k != "scale"}
+    if saved_schedule and saved_schedule != current_schedule:
+        log.warning("%s: the LR schedule changed from %s to %s", source, saved_schedule, current_schedule)
+    progress = TrainProgress.from_dict(payload["progress"], source)
+    restore_rng_state(payload["rng"])
+    return progress
+
+
+class CheckpointRecovery:
+    """The divergence guard's way back: the run's last good checkpoint (see ``train.on_nonfinite``)."""
+
+    def __init__(self, setup: TrainingSetup, checkpoints: CheckpointDir, resumed_from: Path | None):
+        self.setup = setup
+        self.checkpoints = checkpoints
+        self.resumed_from = resumed_from
+
+    def last_good(self) -> Path | None:
+        """This run's last save; before its first one, the checkpoint it resumed from (maybe another run's)."""
+        latest = self.checkpoints.latest_path
+        return latest if latest.is_file() else self.resumed_from
+
+    def restore(self, path: Path) -> TrainProgress:
+        """The whole state of ``path`` (weights, optimizer, schedule, RNG); its position is returned."""
+        return restore_training(self.setup, path, self.checkpoints)

@@ -1,0 +1,35 @@
+"""The process group's lifecycle around one command's work on every rank (train and bench share it)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from dlscale.runtime.device import Device
+from dlscale.runtime.distributed import start_process_group, stop_process_group
+from dlscale.runtime.launch import ProcessInfo
+
+
+@dataclass
+class RankEnding:
+    """How this rank leaves: ``alike`` when every rank ends at the same point (then they wait for each other
+    at a last barrier; after one rank's own failure there is none, since the others may never reach it)."""
+
+    alike: bool = False
+
+
+@contextlib.contextmanager
+def distributed_run(process: ProcessInfo, device: Device, timeout_s: float) -> Iterator[RankEnding]:
+    """Start the process group (one rank: nothing to start), run the body, and stop it again.
+
+    The body sets ``ending.alike`` once every rank is known to leave at the same point. The barrier then keeps
+    rank 0, which hosts the rendezvous store, alive until every rank has left: a rank still leaving when rank
+    0's process exits can wait for the store until the timeout.
+    """
+    start_process_group(process, device, timeout_s)
+    ending = RankEnding()
+    try:
+        yield ending
+    finally:
+        stop_process_group(wait_for_others=ending.alike)

@@ -1,0 +1,246 @@
+"""Train a run: claim its directory, start the process group, build the run, attach the observers, fit, report.
+
+:func:`train` is what ``dlscale train`` runs on every rank, and what a Python script calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+from dlscale import __version__
+from dlscale.checkpoint.checkpoint_observer import CheckpointObserver
+from dlscale.checkpoint.directory import CheckpointDir
+from dlscale.checkpoint.size import estimate_checkpoint_bytes
+from dlscale.checkpoint.training_state import CheckpointRecovery
+from dlscale.config import RunConfig
+from dlscale.errors import DlscaleError, TrainingDiverged
+from dlscale.perf.memory_report import MemoryReport
+from dlscale.perf.monitor_observer import MonitorObserver
+from dlscale.report.console import ConsoleReporter
+from dlscale.report.progress_display import ProgressReporter
+from dlscale.report.run_dir import early_logging, run_directory, setup_rank_logging, write_to_log_files
+from dlscale.report.summary import RunSummary
+from dlscale.report.tensorboard import TensorBoardReporter
+from dlscale.run.assembly import BuiltRun, build_training, describe_run
+from dlscale.run.bench import run_benchmark
+from dlscale.run.process_group import distributed_run
+from dlscale.runtime.atomic_files import write_text_atomically
+from dlscale.runtime.device import Device
+from dlscale.runtime.distributed import share_from_main
+from dlscale.runtime.launch import ProcessInfo, detect_process
+from dlscale.runtime.run_lock import RunDirectoryLock
+from dlscale.runtime.signals import StopRequest
+from dlscale.runtime.storage import (
+    as_storage_error,
+    check_free_space,
+    format_bytes,
+    probe_writable,
+    remove_stale_temporaries,
+)
+from dlscale.train.divergence import Divergence
+from dlscale.train.observer import Observer
+from dlscale.train.trainer import Trainer
+
+log = logging.getLogger("dlscale.train")
+
+
+def train(
+    cfg: RunConfig, stop: StopRequest | None = None, extra_observers: list[Observer] | None = None
+) -> int:
+    """Train the run described by ``cfg``; returns 0 when it finished or stopped cleanly (checkpoint saved).
+
+    Raises a DlscaleError the CLI prints as one line: RunDirectoryLocked when another run holds the run
+    directory, StorageError when something cannot be written, TrainingDiverged when the loss diverged.
+    """
+    process = detect_process()
+    run_dir = run_directory(cfg.log, cfg.name)
+    training = not cfg.bench.enable_benchy  # throughput trials neither read nor write a run's checkpoints
+    lock = (
+        RunDirectoryLock(run_dir, wait_same_job_s=cfg.log.lock_wait_s)
+        if training and process.is_main
+        else None
+    )
+    try:
+        with contextlib.ExitStack() as group:
+            # Nothing goes into the run's log files before the lock says the directory is ours.
+            with early_logging(process.is_main) as early_records:
+                start_problem = _claim_run_directory(lock, cfg, run_dir) if lock is not None else None
+                device = Device.select(process.local_rank)
+                ending = group.enter_context(distributed_run(process, device, cfg.parallel.timeout_s))
+            try:
+                # Every rank learns whether rank 0 could claim the directory, so none waits for a run that never
+                # starts.
+                problem = share_from_main(start_problem, device)
+                if problem is not None:
+                    ending.alike = True
+                    raise problem
+                setup_rank_logging(cfg.log, run_dir, process)
+                write_to_log_files(early_records)
+                log.info(
+                    "dlscale %s: config %r from %s (workload %s)",
+                    __version__,
+                    cfg.name,
+                    cfg.source,
+                    cfg.workload,
+                )
+                if cfg.overrides:
+                    log.info("Overrides: %s", " ".join(cfg.overrides))
+                log.info("Run directory: %s", run_dir)
+                status = _train_on_this_rank(cfg, process, device, run_dir, stop, extra_observers)
+            except TrainingDiverged:
+                ending.alike = True  # the divergence guard makes every rank stop at the same step
+                raise
+            except (OSError, RuntimeError) as exc:
+                storage = as_storage_error(exc)
+                if storage is not None:
+                    raise storage from exc
+                raise
+            ending.alike = True
+            return status
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _claim_run_directory(lock: RunDirectoryLock, cfg: RunConfig, run_dir: Path) -> DlscaleError | None:
+    """Rank 0: lock the run directory, clear what killed saves left, and check it can be written (before
+    anything is built: a read-only ``checkpoints/`` must not surface an epoch later). The problem, if any."""
+    try:
+        lock.acquire()
+        leftovers = remove_stale_temporaries([run_dir, run_dir / "checkpoints", run_dir / "figures"])
+        if leftovers:
+            log.info(
+                "Removed %d temporary file(s) (%s) that interrupted saves left: %s",
+                len(leftovers),
+                format_bytes(sum(size for _, size in leftovers)),
+                ", ".join(str(path) for path, _ in leftovers),
+            )
+        for directory in writable_directories(cfg, run_dir):
+            probe_writable(directory)
+    except DlscaleError as exc:
+        return exc
+    return None
+
+
+def writable_directories(cfg: RunConfig, run_dir: Path) -> list[Path]:
+    """The directories a training run writes into."""
+    directories = [run_dir, run_dir / "figures"]
+    if cfg.checkpoint.enabled:
+        directories.append(run_dir / "checkpoints")
+    if cfg.log.tensorboard:
+        directories.append(run_dir / "tensorboard")
+    return directories
+
+
+def _train_on_this_rank(
+    cfg: RunConfig,
+    process: ProcessInfo,
+    device: Device,
+    run_dir: Path,
+    stop: StopRequest | None,
+    extra_observers: list[Observer] | None,
+) -> int:
+    run = build_training(cfg, run_dir, process, device, resume=not cfg.bench.enable_benchy)
+    setup = run.setup
+    if setup.progress.completed:
+        log.info(
+            "This run already finished (%d steps, checkpoint %s); nothing to train. Its results are in %s. "
+            "To train longer, raise --num_epochs (or --num_iters); to train again, use another --run_num.",
+            setup.progress.global_step,
+            run.resumed_from,
+            run_dir,
+        )
+        return 0
+    for line in describe_run(run):
+        log.info("%s", line)
+    if cfg.bench.enable_benchy:
+        # The trials instead of training: no checkpoint or config.yaml of a training run is read or written.
+        run_benchmark(cfg, setup, run_dir)
+        return 0
+    if process.is_main:
+        if cfg.checkpoint.enabled:
+            check_free_space(run.checkpoints.directory, estimate_checkpoint_bytes(setup.model, cfg.optim))
+        write_text_atomically(run_dir / "config.yaml", cfg.to_yaml())
+    # The GPU/host monitor runs on every rank: its end-of-run report gathers numbers from all of them.
+    monitors = (
+        [MonitorObserver(cfg.monitor, cfg.parallel.data_parallel == "dataparallel", cfg.log.tensorboard)]
+        if cfg.monitor.enable_monitor
+        else []
+    )
+    observers = build_observers(run) + list(run.profilers) + monitors + (extra_observers or [])
+    recovery = CheckpointRecovery(setup, run.checkpoints, run.resumed_from)
+    try:
+        with stop or StopRequest() as stop_request:
+            trainer = Trainer(setup, observers, stop_request, recovery)
+            trainer.fit()
+    finally:
+        for monitor in monitors:
+            monitor.close()  # its sampler thread must not outlive a run that failed
+    if trainer.guard.divergence is not None:  # also when a stop's save found diverged weights
+        raise TrainingDiverged(divergence_message(trainer.guard.divergence, cfg, run.checkpoints))
+    return 0
+
+
+def build_observers(run: BuiltRun) -> list[Observer]:
+    """The observers of a run, in the order they are told about events (logs before checkpoint lines)."""
+    cfg, setup, run_dir = run.config, run.setup, run.setup.run_dir
+    rollback = cfg.train.on_nonfinite == "rollback"  # needs a checkpoint to go back to from the start
+    if not setup.process.is_main:
+        # Every rank takes part in gathering a model-parallel checkpoint; rank 0 writes it.
+        return (
+            [CheckpointObserver(cfg.checkpoint, run.checkpoints, write=False, save_at_start=rollback)]
+            if cfg.checkpoint.enabled
+            else []
+        )
+    observers: list[Observer] = [
+        ConsoleReporter(),
+        ProgressReporter(cfg.log.progress, cfg.log.progress_interval_s),
+        MemoryReport(),
+    ]
+    tensorboard_dir = run_dir / "tensorboard" if cfg.log.tensorboard else None
+    if tensorboard_dir is not None:
+        observers.append(TensorBoardReporter(tensorboard_dir))
+    if cfg.checkpoint.enabled:
+        observers.append(CheckpointObserver(cfg.checkpoint, run.checkpoints, save_at_start=rollback))
+    checkpoint_dir = run.checkpoints.directory if cfg.checkpoint.enabled else None
+    observers.append(
+        RunSummary(
+            run_dir,
+            tensorboard_dir,
+            checkpoint_dir,
+            explain_divergence=lambda divergence: divergence_message(divergence, cfg, run.checkpoints),
+        )
+    )
+    return observers
+
+
+def advice(on_nonfinite: str, max_grad_norm: float | None, lr: float, warmup: int) -> str:
+    """What to try after a divergence, in one sentence (``lr`` is the config's ``optim.lr``)."""
+    tips = [f"a lower learning rate (e.g. --set optim.lr={lr / 4:.3g})"]
+    if max_grad_norm is None:
+        tips.append("gradient clipping (--set optim.max_grad_norm=1.0)")
+    if warmup == 0:
+        tips.append("a warm-up (--set optim.warmup=100)")
+    if on_nonfinite != "rollback":
+        tips.append("train.on_nonfinite: rollback (reload the last good checkpoint and lower the LR)")
+    listed = f"{', '.join(tips[:-1])} or {tips[-1]}" if len(tips) > 1 else tips[0]
+    return (
+        f"Try {listed}; if the data may hold NaN or infinite values, --set data.check_finite=true names the "
+        "file and sample"
+    )
+
+
+def divergence_message(divergence: Divergence, cfg: RunConfig, checkpoints: CheckpointDir) -> str:
+    """The one paragraph a user reads when a run diverged: where, what was kept, what to try."""
+    latest = checkpoints.latest_path
+    if not cfg.checkpoint.enabled:
+        kept = "Checkpoints are disabled (checkpoint.enabled: false), so nothing was saved."
+    elif latest.is_file():
+        kept = f"Nothing was saved after it; the last good checkpoint is {latest} (resume from it, or from "
+        kept += f"{checkpoints.best_path.name} beside it, once the cause is fixed)."
+    else:
+        kept = "No checkpoint had been saved yet."
+    tips = advice(cfg.train.on_nonfinite, cfg.optim.max_grad_norm, cfg.optim.lr, cfg.optim.warmup)
+    return f"training diverged {divergence.describe()}. {kept} {tips}."

@@ -1,0 +1,112 @@
+"""The built pieces of a run that the training loop and its observers read.
+
+The run layer (:mod:`dlscale.run.assembly`) builds one from a config; everything here is already complete when
+the trainer receives it. The whole config stays in the run layer: the loop reads its own ``train:`` section
+(``policy``), and observers receive their sections when they are made. What a checkpoint or a summary records
+about the config comes from :class:`RunRecord`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from dlscale.data.finite_check import FiniteCheckedBatches
+from dlscale.data.pipeline import BatchSource
+from dlscale.data.sampler import TrainingSampler
+from dlscale.errors import config_location
+from dlscale.parallel.mesh import ParallelMesh
+from dlscale.runtime.device import Device
+from dlscale.runtime.launch import ProcessInfo
+from dlscale.runtime.nvtx import NO_MARKERS, StepMarkers
+from dlscale.train.evaluate import Evaluator
+from dlscale.train.precision import Precision
+from dlscale.train.schedule import EpochPlan, LRSchedule
+from dlscale.train.step import TrainStep
+from dlscale.train.train_config import TrainConfig
+from dlscale.train.train_progress import TrainProgress
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Which config a run was built from, as checkpoints, summaries and bench records write it down."""
+
+    name: str  # the config section's name, e.g. "short"
+    source: str  # the YAML file it came from
+    workload: str
+    overrides: tuple[str, ...]  # the command line's changes to the file
+    resolved: dict[str, Any]  # every section's keys and values, defaults filled in (RunConfig.to_dict())
+    weight_defining_keys: frozenset[str]  # dotted keys whose change gives saved weights another meaning
+
+    @property
+    def where(self) -> str:
+        """``file [config 'name']``, the prefix of messages about this config."""
+        return config_location(self.source, self.name)
+
+
+class FlopsRating(Protocol):
+    """TFLOP/s and MFU of one GPU from its samples/s (:class:`dlscale.perf.flops.Utilization`)."""
+
+    flops_per_sample: float
+
+    def tflops(self, samples_per_second: float) -> float: ...
+
+    def mfu(self, samples_per_second: float) -> float | None: ...
+
+    def describe(self) -> str: ...
+
+
+# Batches on the device (see dlscale.data.pipeline), checked for NaN/inf when data.check_finite is on.
+Batches = BatchSource | FiniteCheckedBatches
+
+
+@dataclass
+class Validation:
+    """How one validation pass runs on this rank (see :func:`dlscale.train.evaluate.evaluate`)."""
+
+    loader: Batches
+    evaluator: Evaluator
+    # inputs -> fp32 predictions (compiled and autocast like training; never through DDP, whose forward would
+    # broadcast buffers, a collective that a rank without validation samples would skip)
+    predict: Callable[[torch.Tensor], torch.Tensor]
+    metric_sum: Callable[[torch.Tensor], None] | None = None  # sum over the ranks that saw different samples
+    lockstep: bool = False  # every rank runs the same number of forwards (FSDP2 gathers inside them)
+    sync_buffers: Callable[[], None] | None = None  # every replica takes rank 0's buffers (BatchNorm) first
+
+
+@dataclass
+class TrainingSetup:
+    """What the trainer's loop runs, and what its observers may read while it does."""
+
+    record: RunRecord
+    policy: TrainConfig  # the ``train:`` section: run length, execution, what a NaN or inf does
+    run_dir: Path
+    process: ProcessInfo
+    device: Device
+    mesh: ParallelMesh  # the dp x tp x cp layout and its groups
+    model: torch.nn.Module  # this rank's part of the model (the module itself, not its DDP or compiled form)
+    optimizer: torch.optim.Optimizer
+    schedule: LRSchedule
+    step: TrainStep
+    precision: Precision
+    plan: EpochPlan
+    global_batch_size: int
+    local_batch_size: int
+    train_sampler: TrainingSampler
+    train_loader: Batches
+    validation: Validation
+    stop_check_every: int = 10  # steps between the ranks' agreement on a stop signal
+    utilization: FlopsRating | None = None  # None: FLOPs unknown
+    markers: StepMarkers = NO_MARKERS  # named ranges (NVTX, profiler) around the loop's data, step and phases
+    progress: TrainProgress = field(default_factory=TrainProgress)
+
+    def use_lr_scale(self, scale: float) -> None:
+        """Multiply the whole LR schedule by ``scale`` (the step reads the same schedule object)."""
+        if scale != self.schedule.scale:
+            self.schedule = dataclasses.replace(self.schedule, scale=scale)
+            self.step.schedule = self.schedule
