@@ -192,7 +192,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         ]
         cfg = load_run_config(args.yaml_config, args.config, overrides)
         device = Device.select()
-        run = build_training(cfg, Path(run_dir), ProcessInfo(), device, resume=False)
+        run = build_training(cfg, Path(run_dir), ProcessInfo(), device, training=False)
         setup = run.setup
         dataset = run.datasets["train"]
         samples_per_trial = args.nbatches * setup.local_batch_size

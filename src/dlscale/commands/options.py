@@ -14,7 +14,6 @@ from dlscale.commands.flags import BENCH_TRIALS_GROUP, add_group_flags
 from dlscale.perf.scaling import MODES
 
 # --mode of ``dlscale scaling``; the analysis (dlscale.perf.scaling) checks a mode given from Python with it.
-SCALING_MODES = MODES
 DEFAULT_SCALING_OUT = Path("scaling")
 DEFAULT_GPU_MEMORY_GB = 80.0
 
@@ -50,7 +49,7 @@ def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mode",
-        choices=SCALING_MODES,
+        choices=MODES,
         default="auto",
         help="weak (same local batch at every GPU count), strong (same global batch), or auto (default: "
         "read from the records' batch sizes)",

@@ -73,12 +73,12 @@ def batch_sizes(cfg: RunConfig, replicas: int) -> tuple[int, int]:
 
 
 def build_training(
-    cfg: RunConfig, run_dir: Path, process: ProcessInfo, device: Device, resume: bool = True
+    cfg: RunConfig, run_dir: Path, process: ProcessInfo, device: Device, training: bool = True
 ) -> BuiltRun:
     """Build the run from ``cfg`` and continue from its checkpoint if ``checkpoint.resume`` says so.
 
-    ``resume=False`` (throughput trials) never reads a checkpoint, whatever ``checkpoint.resume`` says, and
-    attaches no profiler.
+    ``training=False`` builds it for throughput trials: no checkpoint is read, whatever ``checkpoint.resume``
+    says, and no profiler is attached.
     """
     # A workload whose loss or metrics take parameters from the config is bound to it here.
     workload = get_workload(cfg.workload).configured(cfg.model, cfg.data)
@@ -91,7 +91,7 @@ def build_training(
     device.configure(cfg.train.deterministic, tf32=cfg.train.tf32)
     checkpoints = CheckpointDir(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
     # Fails early, before reading any data.
-    resume_from = resume_source(cfg.checkpoint, checkpoints) if resume else None
+    resume_from = resume_source(cfg.checkpoint, checkpoints) if training else None
     # Before any data is read: a layout that cannot work fails fast.
     with errors_naming_the_config(cfg):
         mesh = create_mesh(cfg.parallel, process)
@@ -107,7 +107,7 @@ def build_training(
     # Built before the step, which marks its phases with them (profilers attach on every rank: they decide
     # themselves which ranks record).
     markers, profilers = (
-        build_profiling(cfg.profile, process.rank, device, plan) if resume else (NO_MARKERS, [])
+        build_profiling(cfg.profile, process.rank, device, plan) if training else (NO_MARKERS, [])
     )
 
     model = workload.build_model(cfg.model, cfg.data).to(device.torch)

@@ -50,7 +50,7 @@ def bench_one_config(cfg: RunConfig, output: Path | None = None, command: str | 
     if cfg.overrides:
         log.info("Overrides: %s", " ".join(cfg.overrides))
     device = Device.select(process.local_rank)
-    run = build_training(cfg, run_dir, process, device, resume=False)
+    run = build_training(cfg, run_dir, process, device, training=False)
     for line in describe_run(run):
         log.info("%s", line)
     return run_benchmark(cfg, run.setup, run_dir, output, command=command)

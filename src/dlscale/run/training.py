@@ -142,7 +142,7 @@ def _train_on_this_rank(
     stop: StopRequest | None,
     extra_observers: list[Observer] | None,
 ) -> int:
-    run = build_training(cfg, run_dir, process, device, resume=not cfg.bench.enable_benchy)
+    run = build_training(cfg, run_dir, process, device, training=not cfg.bench.enable_benchy)
     setup = run.setup
     if setup.progress.completed:
         log.info(

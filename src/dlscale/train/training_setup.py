@@ -19,7 +19,6 @@ import torch
 from dlscale.data.finite_check import FiniteCheckedBatches
 from dlscale.data.pipeline import BatchSource
 from dlscale.data.sampler import TrainingSampler
-from dlscale.errors import config_location
 from dlscale.parallel.mesh import ParallelMesh
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
@@ -42,11 +41,6 @@ class RunRecord:
     overrides: tuple[str, ...]  # the command line's changes to the file
     resolved: dict[str, Any]  # every section's keys and values, defaults filled in (RunConfig.to_dict())
     weight_defining_keys: frozenset[str]  # dotted keys whose change gives saved weights another meaning
-
-    @property
-    def where(self) -> str:
-        """``file [config 'name']``, the prefix of messages about this config."""
-        return config_location(self.source, self.name)
 
 
 class FlopsRating(Protocol):
