@@ -1,3 +1,20 @@
-"""dlscale: train scientific deep-learning models at scale, from one CPU to many GPU nodes, and make them fast."""
+"""dlscale: train scientific deep-learning models at scale, from one CPU to many GPU nodes, and make them fast.
 
-__version__ = "0.1.0"
+The Python API (:mod:`dlscale.api`): ``dlscale.train(...)``, ``dlscale.bench(...)``, ``dlscale.load_config(...)``.
+They are imported on first use, so ``import dlscale`` (and ``dlscale --version``) stays instant.
+"""
+
+from typing import Any
+
+from dlscale.version import __version__
+
+__all__ = ["__version__", "bench", "load_config", "train"]
+_API = ("bench", "load_config", "train")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        from dlscale import api  # the whole run machinery and torch: only when a script asks for it
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'dlscale' has no attribute {name!r}")

@@ -15,7 +15,6 @@ import importlib
 import sys
 from collections.abc import Callable
 
-from dlscale import __version__
 from dlscale.commands.flags import (
     TRAINING_FLAG_GROUPS,
     add_config_arguments,
@@ -28,6 +27,7 @@ from dlscale.commands.options import (
     add_scaling_arguments,
 )
 from dlscale.errors import DlscaleError
+from dlscale.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(config)
     add_flag_arguments(config, TRAINING_FLAG_GROUPS)
     config.add_argument("--keys", action="store_true", help="list every config key with its type and default")
+    config.add_argument(
+        "--workload",
+        help="with --keys: whose data/model keys to list, a name or package.module:OBJECT (default: the "
+        "workload of --config)",
+    )
 
     bench = commands.add_parser(
         "bench", help="IO / SYNTHETIC / FULL throughput trials of a config, optionally swept over a key"

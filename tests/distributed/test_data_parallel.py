@@ -21,7 +21,7 @@ from dlscale.perf.flops import Utilization, peak_tflops
 from dlscale.run.training import train
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
-from dlscale.train.observer import Observer
+from dlscale.training.observer import Observer
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlscale.run.training import train
-from dlscale.train.observer import Observer
+from dlscale.training.observer import Observer
 
 # torch.compile (inductor, CPU) runs the same float32 arithmetic as eager, but in its own generated kernels: fused
 # pointwise ops and reductions (BatchNorm statistics, log_softmax, the loss's mean) sum in another order and

@@ -10,7 +10,7 @@ from test_training_run import assert_bitwise_equal, run_dir
 
 from dlscale.checkpoint.files import load_checkpoint
 from dlscale.run.training import train
-from dlscale.train.observer import Observer
+from dlscale.training.observer import Observer
 
 
 class SpoilWeightsFrom(Observer):

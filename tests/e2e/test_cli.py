@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from killed_runs import dlscale_command as dlscale
+from killed_runs import kill_during_saves_then_resume
 
 from dlscale.checkpoint.files import load_checkpoint
 
@@ -18,18 +20,6 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG_FILE = REPO / "configs" / "vit_era5.yaml"
 
 pytestmark = pytest.mark.slow
-
-
-def dlscale(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dlscale", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        **kwargs,
-    )
 
 
 def test_generate_data_then_train_with_tutorial_flags(tmp_path):
@@ -183,27 +173,7 @@ def test_a_kill_9_during_saves_resumes_bitwise_and_leaves_no_temporary_files(tin
     reference = dlscale(*args, "--expdir", str(tmp_path / "reference"))
     assert reference.returncode == 0, reference.stderr
     run = tmp_path / "killed" / "tiny" / "00"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dlscale", *args, "--expdir", str(tmp_path / "killed")],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (
-            (run / "out.log").is_file() and (run / "out.log").read_text().count("Saved checkpoint") >= 5
-        ):
-            assert process.poll() is None and time.monotonic() < deadline, (
-                "the run ended before it was killed"
-            )
-            time.sleep(0.005)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        process.kill()
-    resumed = dlscale(*args, "--expdir", str(tmp_path / "killed"))
+    resumed = kill_during_saves_then_resume([*args, "--expdir", str(tmp_path / "killed")], run, saves=5)
     assert resumed.returncode == 0, resumed.stderr
     assert "no longer exists" in resumed.stdout  # the killed run's lock, taken over
     assert not [p.name for p in run.rglob("*") if ".tmp-" in p.name]

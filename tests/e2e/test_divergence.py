@@ -16,7 +16,7 @@ import torch
 from dlscale.checkpoint.files import load_checkpoint
 from dlscale.errors import DataError, TrainingDiverged
 from dlscale.run.training import train
-from dlscale.train.observer import Observer
+from dlscale.training.observer import Observer
 
 NAN_TIME = 3  # the time index made NaN in the first training file: samples 2 (its target) and 3 (its input)
 

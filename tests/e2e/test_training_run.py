@@ -15,7 +15,7 @@ from dlscale.checkpoint.files import load_checkpoint
 from dlscale.config import load_run_config
 from dlscale.errors import CheckpointError
 from dlscale.run.training import train
-from dlscale.train.observer import Observer
+from dlscale.training.observer import Observer
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
 

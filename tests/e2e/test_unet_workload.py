@@ -18,7 +18,7 @@ from dlscale.cli import main
 from dlscale.data.synth_cosmo import generate
 from dlscale.run.training import train
 from dlscale.runtime.local_ranks import run_ranks
-from dlscale.train.observer import Observer
+from dlscale.training.observer import Observer
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "unet_cosmo.yaml"
 

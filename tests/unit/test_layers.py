@@ -136,7 +136,7 @@ def test_config_sections_are_leaves():
         "import dlscale.config",
         "from dlscale.config import load_run_config; load_run_config('configs/vit_era5.yaml', 'short')",
         "from dlscale.config import config_reference; [config_reference(w) for w in "
-        "__import__('dlscale.workloads').workloads.workload_names()]",
+        "__import__('dlscale.workloads').workloads.BUILT_IN]",
     ],
 )
 def test_reading_a_config_imports_no_torch(code):
@@ -147,11 +147,15 @@ def test_reading_a_config_imports_no_torch(code):
     assert done.returncode == 0, f"{code!r} imported {done.stdout.strip()} {done.stderr[-2000:]}"
 
 
-def test_the_registry_names_each_workloads_own_config_sections():
-    from dlscale.workloads import get_workload, registered_workload, workload_names
+def test_built_in_workloads_resolve_like_any_other():
+    """A built-in name is only an import path; the object found there is checked like a user's workload."""
+    from dlscale.workloads import BUILT_IN, get_workload
     from dlscale.workloads.protocol import Workload
+    from dlscale.workloads.references import as_workload, load_workload
 
-    for name in workload_names():
-        workload, entry = get_workload(name), registered_workload(name)
+    for name, path in BUILT_IN.items():
+        workload = get_workload(name)
         assert isinstance(workload, Workload) and workload.name == name
-        assert (entry.data_config, entry.model_config) == (workload.data_config, workload.model_config)
+        assert load_workload(path, path) is as_workload(
+            workload, path
+        )  # a subclass instance is used as it is

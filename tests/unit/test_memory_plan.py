@@ -32,7 +32,7 @@ from dlscale.perf.layout_cost import (
 )
 from dlscale.perf.memory_plan import estimate_layout, model_shape_of, plan, tutorial_comparisons
 from dlscale.perf.saved_tensors import measure_saved_activation_bytes, measure_saved_tensor_bytes
-from dlscale.train.metrics import relative_l2_loss
+from dlscale.training.metrics import relative_l2_loss
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
 IN_CHANNELS, OUT_CHANNELS = 3, 2

@@ -12,14 +12,14 @@ from dlscale.data.era5 import ERA5Dataset
 from dlscale.data.era5_config import ERA5DataConfig
 from dlscale.data.synth_era5 import SynthERA5Spec, write_synthetic_era5
 from dlscale.errors import ConfigError
-from dlscale.train.metrics import (
+from dlscale.training.metrics import (
     MetricSums,
     latitude_weights,
     relative_l2_loss,
     relative_l2_per_sample,
     weighted_rmse_per_sample,
 )
-from dlscale.workloads.era5_vit import ERA5Evaluator
+from dlscale.workloads.era5_metrics import ERA5Evaluator
 
 
 def cos_weights(height: int) -> np.ndarray:

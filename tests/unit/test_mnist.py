@@ -18,7 +18,7 @@ from dlscale.data.synth_mnist import PRESETS, generate, glyph_segments, synth_sp
 from dlscale.errors import ConfigError, DataError, InvalidValue
 from dlscale.models.cnn import MnistCNN, count_parameters
 from dlscale.models.cnn_config import CNNConfig
-from dlscale.workloads.cnn_mnist import MnistEvaluator
+from dlscale.workloads.classification import MnistEvaluator
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "cnn_mnist.yaml"
 FILES = (

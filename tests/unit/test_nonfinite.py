@@ -10,10 +10,10 @@ import torch
 from dlscale.data.finite_check import FiniteCheckedBatches, check_batch
 from dlscale.errors import DataError
 from dlscale.runtime.device import Device
-from dlscale.train.nonfinite import NonFiniteWatch, first_nonfinite
-from dlscale.train.precision import Precision
-from dlscale.train.schedule import LRSchedule
-from dlscale.train.step import TrainStep
+from dlscale.training.nonfinite import NonFiniteWatch, first_nonfinite
+from dlscale.training.precision import Precision
+from dlscale.training.schedule import LRSchedule
+from dlscale.training.step import TrainStep
 
 NAN, INF = float("nan"), float("inf")
 

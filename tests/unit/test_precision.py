@@ -9,13 +9,13 @@ from dlscale.checkpoint.resume import load_optimizer_state
 from dlscale.models.vit import VisionTransformer
 from dlscale.models.vit_config import ViTConfig
 from dlscale.runtime.device import Device
-from dlscale.train.graphs import GraphedTrainStep, optimizer_is_capturable
-from dlscale.train.metrics import relative_l2_loss
-from dlscale.train.optim import build_optimizer
-from dlscale.train.optim_config import OptimConfig
-from dlscale.train.precision import Precision
-from dlscale.train.schedule import LRSchedule
-from dlscale.train.step import TrainStep
+from dlscale.training.graphs import GraphedTrainStep, optimizer_is_capturable
+from dlscale.training.metrics import relative_l2_loss
+from dlscale.training.optim import build_optimizer
+from dlscale.training.optim_config import OptimConfig
+from dlscale.training.precision import Precision
+from dlscale.training.schedule import LRSchedule
+from dlscale.training.step import TrainStep
 
 CPU = Device("cpu")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -26,8 +26,8 @@ from dlscale.runtime import nvtx
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.runtime.nvtx import NO_MARKERS, build_markers, cuda_profiler_start, cuda_profiler_stop
-from dlscale.train.schedule import EpochPlan
-from dlscale.train.train_progress import TrainProgress
+from dlscale.training.schedule import EpochPlan
+from dlscale.training.train_progress import TrainProgress
 
 CPU = Device("cpu")
 
@@ -54,7 +54,7 @@ class RecordingStep:
 
 class FakeTrainer:
     """The attributes observers read (setup.plan/process/device/run_dir/step, progress) and a loop that calls
-    the hooks in the order :class:`dlscale.train.trainer.Trainer` does."""
+    the hooks in the order :class:`dlscale.training.trainer.Trainer` does."""
 
     def __init__(self, run_dir: Path, steps_per_epoch: int = 4, num_epochs: int = 3, rank: int = 0):
         self.events: list[str] = []

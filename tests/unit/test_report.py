@@ -12,9 +12,9 @@ import torch
 from dlscale.report.figures import figure_to_rgb, loss_curve_figure, prediction_figure, save_png
 from dlscale.report.progress_display import ProgressReporter, choose_progress_mode, format_duration
 from dlscale.report.summary import mean_throughput
-from dlscale.train.evaluate import ExampleImage
-from dlscale.train.schedule import EpochPlan
-from dlscale.train.train_progress import TrainProgress
+from dlscale.training.evaluate import ExampleImage
+from dlscale.training.schedule import EpochPlan
+from dlscale.training.train_progress import TrainProgress
 
 
 class FakeTerminal(io.StringIO):

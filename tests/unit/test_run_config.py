@@ -14,8 +14,8 @@ from dlscale.config.run_config import SECTION_ORDER, flat_key_homes, section_cla
 from dlscale.config.yaml_source import read_config_file
 from dlscale.errors import ConfigError
 from dlscale.parallel.parallel_config import ParallelConfig
-from dlscale.train.optim_config import OptimConfig
-from dlscale.train.schedule import scaled_lr
+from dlscale.training.optim_config import OptimConfig
+from dlscale.training.schedule import scaled_lr
 
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
 # The tutorial's optimized configs: DALI-role loader, AMP fp16, compile, fused Adam.

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from dlscale.train.optim import build_optimizer
-from dlscale.train.optim_config import OptimConfig
-from dlscale.train.schedule import EpochPlan, LRSchedule, plan_epochs, scaled_lr
+from dlscale.training.optim import build_optimizer
+from dlscale.training.optim_config import OptimConfig
+from dlscale.training.schedule import EpochPlan, LRSchedule, plan_epochs, scaled_lr
 
 # ---- scaled_lr -------------------------------------------------------------------------------------------
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlscale.train.metrics import relative_l2_loss
-from dlscale.train.schedule import LRSchedule
-from dlscale.train.step import TrainStep
+from dlscale.training.metrics import relative_l2_loss
+from dlscale.training.schedule import LRSchedule
+from dlscale.training.step import TrainStep
 
 
 def make_step(max_grad_norm=None, lr=0.1) -> tuple[TrainStep, torch.nn.Linear]:
@@ -52,8 +52,8 @@ def test_gradient_clipping_bounds_the_update():
 
 def test_adadelta_is_built_with_its_own_settings_and_refuses_fused():
     from dlscale.errors import InvalidValue
-    from dlscale.train.optim import build_optimizer
-    from dlscale.train.optim_config import OptimConfig
+    from dlscale.training.optim import build_optimizer
+    from dlscale.training.optim_config import OptimConfig
 
     optimizer = build_optimizer(
         OptimConfig(optimizer="Adadelta", lr=1.0, rho=0.8), [torch.nn.Parameter(torch.ones(2))], 1.0

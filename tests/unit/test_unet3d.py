@@ -14,8 +14,9 @@ from dlscale.data.cosmo_config import CosmoDataConfig
 from dlscale.errors import ConfigError, InvalidValue
 from dlscale.models.unet3d import UNet3D, count_parameters, size_problem, unet_flops_per_sample
 from dlscale.models.unet3d_config import UNetConfig
-from dlscale.train.schedule import scaled_lr
-from dlscale.workloads.unet_cosmo import WORKLOAD, CosmoEvaluator, cosmo_loss, per_sample_loss
+from dlscale.training.schedule import scaled_lr
+from dlscale.workloads.cosmo_metrics import CosmoEvaluator, cosmo_loss, per_sample_loss
+from dlscale.workloads.unet_cosmo import WORKLOAD
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "unet_cosmo.yaml"
 

@@ -11,9 +11,9 @@ import logging
 from dlscale.checkpoint.checkpoint_config import CheckpointConfig
 from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.training_state import training_payload
-from dlscale.train.divergence import Divergence
-from dlscale.train.nonfinite import first_nonfinite
-from dlscale.train.observer import EpochReport, Observer
+from dlscale.training.divergence import Divergence
+from dlscale.training.nonfinite import first_nonfinite
+from dlscale.training.observer import EpochReport, Observer
 
 log = logging.getLogger("dlscale.train")
 

@@ -14,7 +14,7 @@ from dlscale.checkpoint.checkpoint_config import CheckpointConfig
 from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.files import load_checkpoint
 from dlscale.errors import CheckpointError
-from dlscale.train.training_setup import RunRecord
+from dlscale.training.training_setup import RunRecord
 
 log = logging.getLogger(__name__)
 

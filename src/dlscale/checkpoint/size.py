@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlscale.parallel.shard_specs import shard_specs
-from dlscale.train.optim_config import OptimConfig
+from dlscale.training.optim_config import OptimConfig
 
 # Per-parameter state tensors each optimizer keeps, the same size as the parameter.
 _STATE_TENSORS = {"Adam": 2, "AdamW": 2, "Adadelta": 2}

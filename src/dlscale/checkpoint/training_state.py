@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from dlscale import __version__
 from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.files import load_model_state
 from dlscale.checkpoint.resume import check_config_changes, load_for_resume, load_optimizer_state
@@ -26,9 +25,10 @@ from dlscale.checkpoint.sharded_state import (
 )
 from dlscale.errors import CheckpointError
 from dlscale.runtime.rng import capture_rng_state, restore_rng_state
-from dlscale.train.train_progress import TrainProgress
-from dlscale.train.trainer import Trainer
-from dlscale.train.training_setup import TrainingSetup
+from dlscale.training.train_progress import TrainProgress
+from dlscale.training.trainer import Trainer
+from dlscale.training.training_setup import TrainingSetup
+from dlscale.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from dlscale import __version__
+from dlscale import api
 from dlscale.commands.flags import CONFIG_FLAGS, config_flag_values
 from dlscale.config import RunConfig, load_run_config
 from dlscale.perf.bench import BenchResults
@@ -35,6 +35,7 @@ from dlscale.run.bench import bench_one_config
 from dlscale.run.process_group import distributed_run
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import detect_process
+from dlscale.version import __version__
 
 log = logging.getLogger("dlscale.bench")
 
@@ -64,6 +65,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
     setup_logging(None, enabled=process.is_main)
     flags = config_flag_values(args)
     base = load_run_config(args.yaml_config, args.config, args.set, flags)
+    if not args.sweep:
+        output = Path(args.output).expanduser().resolve() if args.output else None
+        api.bench_config(base, output, command_line(args))
+        return 0
     with distributed_run(process, Device.select(process.local_rank), base.parallel.timeout_s) as ending:
         status = _run_bench(args, base, flags)
         ending.alike = True
@@ -71,13 +76,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace, base: RunConfig, flags: dict[str, object]) -> int:
-    """The trials of ``base`` (the command line's config), or of every point of its sweep."""
+    """The trials of every point of the command line's sweep over ``base``."""
     command = command_line(args)
     output = Path(args.output).expanduser().resolve() if args.output else None
-    if not args.sweep:
-        bench_one_config(base, output, command)
-        return 0
-
     specs = [parse_sweep(text) for text in args.sweep]
     flags = flags_not_swept(flags, specs)
     # Every point's config is resolved before any trial runs: a bad value fails in seconds, not after hours.

@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-DEFAULT_YAML = "configs/vit_era5.yaml"
+from dlscale.config.yaml_source import DEFAULT_YAML
 
 # The titles of the argparse groups the flags are listed under in --help.
 TUTORIAL_FLAGS_GROUP = "the tutorials' flags (each sets one config key; see README)"

@@ -5,16 +5,19 @@ from __future__ import annotations
 import argparse
 import platform
 
-from dlscale import __version__
 from dlscale.commands.flags import config_flag_values
 from dlscale.config import config_reference, load_run_config
+from dlscale.version import __version__
 
 
 def run_config(args: argparse.Namespace) -> int:
-    if args.keys:
-        print(config_reference())
+    if args.keys and args.workload is not None:
+        print(config_reference(args.workload))
         return 0
     cfg = load_run_config(args.yaml_config, args.config, args.set, config_flag_values(args))
+    if args.keys:
+        print(config_reference(cfg.workload))
+        return 0
     print(cfg.to_yaml(), end="")
     return 0
 

@@ -1,14 +1,14 @@
-"""``dlscale train``: resolve the config from the command line and train it (see :mod:`dlscale.run.training`)."""
+"""``dlscale train``: the Python API's :func:`dlscale.api.train` with the config the command line names."""
 
 from __future__ import annotations
 
 import argparse
 
+from dlscale import api
 from dlscale.commands.flags import config_flag_values
-from dlscale.config import load_run_config
-from dlscale.run.training import train
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """The exit status of training the config the command line names."""
-    return train(load_run_config(args.yaml_config, args.config, args.set, config_flag_values(args)))
+    """0 when the run finished or stopped cleanly; errors a user can fix are raised as DlscaleErrors."""
+    api.train(None, args.yaml_config, args.config, args.set, **config_flag_values(args))
+    return 0

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from dlscale.checkpoint.checkpoint_config import CheckpointConfig
-from dlscale.config.typed import build_section, coerce, field_types, section_to_dict
+from dlscale.config.typed import build_section, check_section_class, coerce, field_types, section_to_dict
 from dlscale.config.yaml_source import (
     dump_yaml,
     locate_config_file,
@@ -40,9 +40,9 @@ from dlscale.perf.bench_config import BenchConfig
 from dlscale.perf.monitor_config import MonitorConfig
 from dlscale.perf.profile_config import ProfileConfig
 from dlscale.report.log_config import LogConfig
-from dlscale.train.optim_config import OptimConfig
-from dlscale.train.train_config import TrainConfig
-from dlscale.workloads import DEFAULT_WORKLOAD, registered_workload, workload_names
+from dlscale.training.optim_config import OptimConfig
+from dlscale.training.train_config import TrainConfig
+from dlscale.workloads import DEFAULT_WORKLOAD, get_workload, workload_names
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,20 @@ class RunConfig:
 
 
 def section_classes(workload: str) -> dict[str, type]:
-    """The dataclass of every section, for a workload."""
-    entry = registered_workload(workload)
-    return {"data": entry.data_config, "model": entry.model_config, **GENERIC_SECTIONS}
+    """The dataclass of every section, for a workload (its own two, then dlscale's)."""
+    found = get_workload(workload)
+    own = {"data": found.data_config, "model": found.model_config}
+    homes: dict[str, str] = {key: name for name, cls in GENERIC_SECTIONS.items() for key in field_types(cls)}
+    for section, cls in own.items():
+        check_section_class(cls, section, f"workload {workload!r}")
+        for key in field_types(cls):
+            if key in homes:
+                raise ConfigError(
+                    f"workload {workload!r}: {section}.{key} ({cls.__qualname__}) has the name of "
+                    f"{homes[key]}.{key}; rename it (every key has one home, so that it can be written flat)"
+                )
+            homes[key] = section
+    return {**own, **GENERIC_SECTIONS}
 
 
 def flat_key_homes(sections: dict[str, type]) -> dict[str, str]:
@@ -129,23 +140,26 @@ def load_run_config(
     config_name: str,
     overrides: list[str] | tuple[str, ...] = (),
     flag_values: dict[str, Any] | None = None,
+    workload: str | None = None,
 ) -> RunConfig:
     """Read config ``config_name`` from ``yaml_path`` and apply overrides.
 
     ``overrides`` are ``key=value`` strings (``--set``); ``flag_values`` maps keys to already-typed values
-    from dedicated command-line flags (``--num_iters 10``), applied last.
+    from dedicated command-line flags (``--num_iters 10``), applied last. ``workload`` replaces the config's
+    ``workload:`` (a name or an import path).
     """
     yaml_path = locate_config_file(yaml_path)
     document = read_config_file(yaml_path)
     where = config_location(str(yaml_path), config_name)
     # The workload decides the data and model sections, so it is read first (it is never a flat key).
-    workload = resolve_section(document, config_name, yaml_path).get("workload", DEFAULT_WORKLOAD)
-    if workload not in workload_names():
-        raise ConfigError(
-            f"{where}: unknown workload {workload!r}{did_you_mean(workload, workload_names())}; "
-            f"known: {', '.join(workload_names())}"
-        )
-    sections = section_classes(workload)
+    if workload is None:
+        workload = resolve_section(document, config_name, yaml_path).get("workload", DEFAULT_WORKLOAD)
+    if not isinstance(workload, str):
+        raise ConfigError(f"{where}: workload must be a name or an import path, got {workload!r}")
+    try:
+        sections = section_classes(workload)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     warned: set[str] = set()
 
     def nest(section: dict[str, Any], name: str) -> dict[str, Any]:
@@ -260,8 +274,15 @@ def config_reference(workload: str = DEFAULT_WORKLOAD) -> str:
     """Every key of every section with its type and default: ``dlscale config --keys``."""
     from dlscale.config.typed import describe
 
-    lines = [f"workload: one of {', '.join(workload_names())} (default {DEFAULT_WORKLOAD})"]
-    for section, cls in section_classes(workload).items():
+    try:
+        sections = section_classes(workload)
+    except ConfigError as exc:
+        raise ConfigError(f"--workload {workload}: {exc}") from None
+    lines = [
+        f"workload: one of {', '.join(workload_names())}, or an import path package.module:OBJECT "
+        f"(default {DEFAULT_WORKLOAD}; these keys: {workload})"
+    ]
+    for section, cls in sections.items():
         lines.append(f"{section}:  ({cls.__name__})")
         types_by_name = field_types(cls)
         for field in dataclasses.fields(cls):

@@ -26,6 +26,37 @@ def field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+def check_section_class(cls: type, section: str, owner: str) -> None:
+    """ConfigError unless every field of ``cls`` (``owner``'s ``section:`` dataclass) has a type a config
+    value can be read as, and a default (a section may be left out of a config)."""
+    try:
+        types_by_name = field_types(cls)
+    except Exception as exc:  # any failure to resolve an annotation: the user's module, not dlscale
+        raise ConfigError(
+            f"{owner}: the annotations of {cls.__qualname__} ({section}: section) cannot be resolved: {exc}"
+        ) from None
+    for field in dataclasses.fields(cls):
+        if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(
+                f"{owner}: {section}.{field.name} ({cls.__qualname__}) has no default; give every field of a "
+                "config section a default"
+            )
+        if not _readable(types_by_name[field.name]):
+            raise ConfigError(
+                f"{owner}: {section}.{field.name} ({cls.__qualname__}) has the type "
+                f"{types_by_name[field.name]!r}, which a config value cannot be read as; use bool, int, float, "
+                "str, X | None, tuple[...], list[...] or Literal[...]"
+            )
+
+
+def _readable(annotation: Any) -> bool:
+    """True for the annotations :func:`coerce` converts values to."""
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType, tuple, list):
+        return all(a is Ellipsis or a is type(None) or _readable(a) for a in typing.get_args(annotation))
+    return origin is Literal or annotation in (bool, int, float, str, Any)
+
+
 def build_section(cls: type, values: dict[str, Any], where: str, section: str) -> Any:
     """Build dataclass ``cls`` from ``values``; ``where`` says which file and config they came from."""
     types_by_name = field_types(cls)

@@ -55,6 +55,8 @@ class ConfigLoader(yaml.SafeLoader):
 
 MergedNodes = dict[tuple[int, int], yaml.MappingNode]
 
+DEFAULT_YAML = "configs/vit_era5.yaml"  # what --yaml_config defaults to (found from any directory)
+
 
 def _deep_merge_node_pairs(
     pairs: list[tuple[yaml.Node, yaml.Node]], merged_nodes: MergedNodes

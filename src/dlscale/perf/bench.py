@@ -37,7 +37,7 @@ from dlscale.perf.bench_report import (
 from dlscale.perf.monitor import MetricsSampler, summarize
 from dlscale.runtime.distributed import barrier
 from dlscale.runtime.gpu_metrics import open_gpu_backend
-from dlscale.train.training_setup import TrainingSetup
+from dlscale.training.training_setup import TrainingSetup
 
 log = logging.getLogger("dlscale.bench")
 

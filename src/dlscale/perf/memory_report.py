@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from dlscale.train.observer import Observer
+from dlscale.training.observer import Observer
 
 log = logging.getLogger("dlscale.train")
 

@@ -24,7 +24,7 @@ from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.distributed import is_distributed
 from dlscale.runtime.gpu_metrics import GpuReading, open_gpu_backend
 from dlscale.runtime.strict_json import to_json
-from dlscale.train.observer import EpochReport, Observer
+from dlscale.training.observer import EpochReport, Observer
 
 log = logging.getLogger("dlscale.monitor")
 

@@ -19,12 +19,12 @@ from dlscale.perf.profile_config import ProfileConfig
 from dlscale.perf.profilers import LineProfileObserver, TorchProfilerObserver, require_line_profiler
 from dlscale.runtime import nvtx
 from dlscale.runtime.nvtx import StepMarkers, build_markers
-from dlscale.train.observer import Observer
+from dlscale.training.observer import Observer
 
 if TYPE_CHECKING:
     from dlscale.runtime.device import Device
-    from dlscale.train.schedule import EpochPlan
-    from dlscale.train.trainer import Trainer
+    from dlscale.training.schedule import EpochPlan
+    from dlscale.training.trainer import Trainer
 
 __all__ = [
     "CudaProfilerWindow",

@@ -21,10 +21,10 @@ from torch.profiler import ProfilerActivity
 
 from dlscale.errors import ConfigError
 from dlscale.runtime.atomic_files import write_text_atomically
-from dlscale.train.observer import Observer
+from dlscale.training.observer import Observer
 
 if TYPE_CHECKING:
-    from dlscale.train.trainer import Trainer
+    from dlscale.training.trainer import Trainer
 
 log = logging.getLogger("dlscale.profile")
 

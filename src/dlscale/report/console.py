@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from dlscale.train.observer import EpochReport, Observer
+from dlscale.training.observer import EpochReport, Observer
 
 log = logging.getLogger("dlscale.train")
 

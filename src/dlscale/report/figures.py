@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dlscale.train.evaluate import ExampleImage
+from dlscale.training.evaluate import ExampleImage
 
 
 def prediction_figure(example: ExampleImage, title: str = "") -> Figure:

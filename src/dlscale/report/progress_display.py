@@ -9,7 +9,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from dlscale.train.observer import EpochReport, Observer
+from dlscale.training.observer import EpochReport, Observer
 
 log = logging.getLogger("dlscale.train")
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from dlscale import __version__
 from dlscale.report.figures import loss_curve_figure, prediction_figure, save_png
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
-from dlscale.train.divergence import Divergence
-from dlscale.train.observer import EpochReport, Observer
+from dlscale.training.divergence import Divergence
+from dlscale.training.observer import EpochReport, Observer
+from dlscale.version import __version__
 
 log = logging.getLogger("dlscale.train")
 
@@ -45,6 +45,7 @@ class RunSummary(Observer):
         self.tensorboard_dir = tensorboard_dir
         self.checkpoint_dir = checkpoint_dir
         self.last: EpochReport | None = None
+        self.written: dict[str, Any] | None = None  # the summary.json document, once training has ended
 
     def on_epoch_end(self, trainer, report: EpochReport) -> None:
         self.last = report
@@ -61,6 +62,7 @@ class RunSummary(Observer):
         summary = self.summary(trainer, outcome, figures)
         path = self.run_dir / "summary.json"
         write_text_atomically(path, to_json(summary))
+        self.written = summary
         final = summary["final"]
         if outcome == "diverged":
             log.error("%s", self.explain_divergence(trainer.guard.divergence))

@@ -14,7 +14,7 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 
 from dlscale.report.figures import figure_to_rgb, prediction_figure
-from dlscale.train.observer import EpochReport, Observer
+from dlscale.training.observer import EpochReport, Observer
 
 
 class TensorBoardReporter(Observer):

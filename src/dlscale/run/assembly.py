@@ -32,14 +32,14 @@ from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.runtime.nvtx import NO_MARKERS
 from dlscale.runtime.rng import seed_everything
-from dlscale.train.graphs import GraphedTrainStep, optimizer_is_capturable
-from dlscale.train.observer import Observer
-from dlscale.train.optim import build_optimizer
-from dlscale.train.precision import Precision
-from dlscale.train.schedule import EpochPlan, LRSchedule, plan_epochs, scaled_lr
-from dlscale.train.step import TrainStep
-from dlscale.train.train_progress import TrainProgress
-from dlscale.train.training_setup import RunRecord, TrainingSetup, Validation
+from dlscale.training.graphs import GraphedTrainStep, optimizer_is_capturable
+from dlscale.training.observer import Observer
+from dlscale.training.optim import build_optimizer
+from dlscale.training.precision import Precision
+from dlscale.training.schedule import EpochPlan, LRSchedule, plan_epochs, scaled_lr
+from dlscale.training.step import TrainStep
+from dlscale.training.train_progress import TrainProgress
+from dlscale.training.training_setup import RunRecord, TrainingSetup, Validation
 from dlscale.workloads import get_workload
 from dlscale.workloads.protocol import Workload
 

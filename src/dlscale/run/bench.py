@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from dlscale import __version__
 from dlscale.config import RunConfig
 from dlscale.perf.bench import BenchResults, Clock, run_trials
 from dlscale.perf.bench_plot import save_figure, throughput_figure
@@ -36,7 +35,8 @@ from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import detect_process
 from dlscale.runtime.strict_json import to_json
-from dlscale.train.training_setup import TrainingSetup
+from dlscale.training.training_setup import TrainingSetup
+from dlscale.version import __version__
 
 log = logging.getLogger("dlscale.bench")
 

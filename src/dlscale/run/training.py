@@ -1,15 +1,18 @@
 """Train a run: claim its directory, start the process group, build the run, attach the observers, fit, report.
 
-:func:`train` is what ``dlscale train`` runs on every rank, and what a Python script calls.
+:func:`train` is what ``dlscale train`` runs on every rank; :func:`train_and_summarize` also returns the run's
+summary (the Python API's :func:`dlscale.api.train`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from dlscale import __version__
 from dlscale.checkpoint.checkpoint_observer import CheckpointObserver
 from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.size import estimate_checkpoint_bytes
@@ -28,7 +31,7 @@ from dlscale.run.bench import run_benchmark
 from dlscale.run.process_group import distributed_run
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.device import Device
-from dlscale.runtime.distributed import share_from_main
+from dlscale.runtime.distributed import share_from_main, share_text_from_main
 from dlscale.runtime.launch import ProcessInfo, detect_process
 from dlscale.runtime.run_lock import RunDirectoryLock
 from dlscale.runtime.signals import StopRequest
@@ -39,11 +42,23 @@ from dlscale.runtime.storage import (
     probe_writable,
     remove_stale_temporaries,
 )
-from dlscale.train.divergence import Divergence
-from dlscale.train.observer import Observer
-from dlscale.train.trainer import Trainer
+from dlscale.runtime.strict_json import to_json
+from dlscale.training.divergence import Divergence
+from dlscale.training.observer import Observer
+from dlscale.training.trainer import Trainer
+from dlscale.version import __version__
 
 log = logging.getLogger("dlscale.train")
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """How a run ended: the exit status, its directory, and its ``summary.json`` document (the same on every
+    rank; the bench record instead for ``bench.enable_benchy``; None when the run wrote none)."""
+
+    status: int
+    run_dir: Path
+    summary: dict[str, Any] | None
 
 
 def train(
@@ -54,6 +69,13 @@ def train(
     Raises a DlscaleError the CLI prints as one line: RunDirectoryLocked when another run holds the run
     directory, StorageError when something cannot be written, TrainingDiverged when the loss diverged.
     """
+    return train_and_summarize(cfg, stop, extra_observers).status
+
+
+def train_and_summarize(
+    cfg: RunConfig, stop: StopRequest | None = None, extra_observers: list[Observer] | None = None
+) -> TrainOutcome:
+    """:func:`train`, returning the run's summary too (see :class:`TrainOutcome`)."""
     process = detect_process()
     run_dir = run_directory(cfg.log, cfg.name)
     training = not cfg.bench.enable_benchy  # throughput trials neither read nor write a run's checkpoints
@@ -88,7 +110,9 @@ def train(
                 if cfg.overrides:
                     log.info("Overrides: %s", " ".join(cfg.overrides))
                 log.info("Run directory: %s", run_dir)
-                status = _train_on_this_rank(cfg, process, device, run_dir, stop, extra_observers)
+                summary = _train_on_this_rank(cfg, process, device, run_dir, stop, extra_observers)
+                # Every rank returns rank 0's summary, so a script reads the same result under torchrun.
+                shared = share_text_from_main(to_json(summary) if summary is not None else None, device)
             except TrainingDiverged:
                 ending.alike = True  # the divergence guard makes every rank stop at the same step
                 raise
@@ -98,7 +122,7 @@ def train(
                     raise storage from exc
                 raise
             ending.alike = True
-            return status
+            return TrainOutcome(0, run_dir, json.loads(shared) if shared is not None else None)
     finally:
         if lock is not None:
             lock.release()
@@ -141,7 +165,8 @@ def _train_on_this_rank(
     run_dir: Path,
     stop: StopRequest | None,
     extra_observers: list[Observer] | None,
-) -> int:
+) -> dict[str, Any] | None:
+    """Train on this rank; rank 0's summary document (None on the other ranks)."""
     run = build_training(cfg, run_dir, process, device, training=not cfg.bench.enable_benchy)
     setup = run.setup
     if setup.progress.completed:
@@ -152,13 +177,12 @@ def _train_on_this_rank(
             run.resumed_from,
             run_dir,
         )
-        return 0
+        return _read_summary(run_dir / "summary.json") if process.is_main else None
     for line in describe_run(run):
         log.info("%s", line)
     if cfg.bench.enable_benchy:
         # The trials instead of training: no checkpoint or config.yaml of a training run is read or written.
-        run_benchmark(cfg, setup, run_dir)
-        return 0
+        return run_benchmark(cfg, setup, run_dir).record
     if process.is_main:
         if cfg.checkpoint.enabled:
             check_free_space(run.checkpoints.directory, estimate_checkpoint_bytes(setup.model, cfg.optim))
@@ -169,7 +193,8 @@ def _train_on_this_rank(
         if cfg.monitor.enable_monitor
         else []
     )
-    observers = build_observers(run) + list(run.profilers) + monitors + (extra_observers or [])
+    own = build_observers(run)
+    observers = own + list(run.profilers) + monitors + (extra_observers or [])
     recovery = CheckpointRecovery(setup, run.checkpoints, run.resumed_from)
     try:
         with stop or StopRequest() as stop_request:
@@ -180,7 +205,15 @@ def _train_on_this_rank(
             monitor.close()  # its sampler thread must not outlive a run that failed
     if trainer.guard.divergence is not None:  # also when a stop's save found diverged weights
         raise TrainingDiverged(divergence_message(trainer.guard.divergence, cfg, run.checkpoints))
-    return 0
+    return next((o.written for o in own if isinstance(o, RunSummary)), None)
+
+
+def _read_summary(path: Path) -> dict[str, Any] | None:
+    """The ``summary.json`` an earlier run of this directory wrote, if it is there and readable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def build_observers(run: BuiltRun) -> list[Observer]:

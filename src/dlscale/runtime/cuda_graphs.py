@@ -1,4 +1,4 @@
-"""The CUDA pieces of graph capture (see :mod:`dlscale.train.graphs` for what is captured and why).
+"""The CUDA pieces of graph capture (see :mod:`dlscale.training.graphs` for what is captured and why).
 
 Graphs exist only on CUDA devices; callers check ``Device.is_gpu`` before using any of this.
 """

@@ -67,22 +67,37 @@ def share_from_main(problem: DlscaleError | None, device: Device) -> DlscaleErro
     """
     if not is_distributed():
         return problem
-    text = str(problem).encode() if problem is not None else b""
     code = problem.exit_code if problem is not None else 0
-    header = torch.tensor([code, len(text)], dtype=torch.int64, device=device.torch)
-    dist.broadcast(header, src=0)
-    code, length = (int(v) for v in header.tolist())
+    code, text = _broadcast_from_main(code, str(problem).encode() if problem is not None else b"", device)
     if code == 0:
         return None
-    payload = torch.tensor(list(text), dtype=torch.uint8) if text else torch.zeros(length, dtype=torch.uint8)
-    payload = payload.to(device.torch)
-    dist.broadcast(payload, src=0)
     if dist.get_rank() == 0:
         return problem
-    shared = DlscaleError(f"rank {dist.get_rank()}: {bytes(payload.cpu().tolist()).decode(errors='replace')}")
+    shared = DlscaleError(f"rank {dist.get_rank()}: {text.decode(errors='replace')}")
     shared.exit_code = code
     shared.quiet = True
     return shared
+
+
+def share_text_from_main(text: str | None, device: Device) -> str | None:
+    """Rank 0's ``text`` (a JSON document, say) on every rank; None where rank 0 had None."""
+    if not is_distributed():
+        return text
+    present, data = _broadcast_from_main(int(text is not None), (text or "").encode(), device)
+    return data.decode() if present else None
+
+
+def _broadcast_from_main(code: int, data: bytes, device: Device) -> tuple[int, bytes]:
+    """Rank 0's (code, bytes) on every rank: a header of two integers, then the bytes if there are any."""
+    header = torch.tensor([code, len(data)], dtype=torch.int64, device=device.torch)
+    dist.broadcast(header, src=0)
+    code, length = (int(v) for v in header.tolist())
+    if length == 0:
+        return code, b""
+    payload = torch.tensor(list(data), dtype=torch.uint8) if data else torch.zeros(length, dtype=torch.uint8)
+    payload = payload.to(device.torch)
+    dist.broadcast(payload, src=0)
+    return code, bytes(payload.cpu().tolist())
 
 
 def is_distributed() -> bool:

@@ -1,7 +1,8 @@
 """Validation metrics shared by the classification workloads (MNIST, CIFAR): loss and top-1 accuracy.
 
 The baseline every classifier must beat is chance (1 / classes) and, stricter on an unbalanced validation set,
-always answering the most frequent class; both are reported next to the model's accuracy.
+always answering the most frequent class; both are reported next to the model's accuracy. The MNIST evaluator
+adds the USC CARC workshop's own ``Test set: Average loss: ..., Accuracy: c/N (p%)`` line.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
-from dlscale.train.evaluate import EvalSummary, Evaluator
-from dlscale.train.metrics import MetricSums
+from dlscale.data.mnist_config import NUM_CLASSES as MNIST_CLASSES
+from dlscale.training.evaluate import EvalSummary, Evaluator
+from dlscale.training.metrics import MetricSums
 
 # (logits or log-probabilities (B, classes), labels (B,)) -> per-sample losses (B,)
 PerSampleLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -59,3 +62,30 @@ class ClassificationEvaluator(Evaluator):
             baseline_scalars={"accuracy": majority},
             samples=count,
         )
+
+
+def nll_per_sample(log_probabilities: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The negative log-likelihood of each sample's label (B,)."""
+    return F.nll_loss(log_probabilities, labels, reduction="none")
+
+
+def per_sample_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each sample (B,)."""
+    return F.cross_entropy(logits, labels, reduction="none")
+
+
+class MnistEvaluator(ClassificationEvaluator):
+    """Accuracy against the baselines, and the workshop's test line (average loss, correct / total)."""
+
+    def __init__(self) -> None:
+        super().__init__(MNIST_CLASSES, nll_per_sample)
+
+    def summary(self) -> EvalSummary:
+        summary = super().summary()
+        count = summary.samples
+        correct = round(float(self.sums.mean("correct")) * count)
+        summary.lines.append(
+            f"  Test set: Average loss: {summary.loss:.4f}, Accuracy: {correct}/{count} "
+            f"({100.0 * correct / max(count, 1):.0f}%)"
+        )
+        return summary

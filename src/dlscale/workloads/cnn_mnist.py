@@ -8,38 +8,21 @@ workshop's own ``Test set: Average loss: ..., Accuracy: c/N (p%)`` line.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
-from dlscale.data.mnist import MNISTDataset
-from dlscale.data.mnist_config import NUM_CLASSES, MNISTDataConfig
-from dlscale.models.cnn import MnistCNN, count_parameters
+from dlscale.data.mnist_config import MNISTDataConfig
 from dlscale.models.cnn_config import CNNConfig
-from dlscale.train.evaluate import EvalSummary
-from dlscale.workloads.classification import ClassificationEvaluator
 from dlscale.workloads.protocol import Workload
 
+if TYPE_CHECKING:
+    import torch
 
-def nll_per_sample(log_probabilities: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The negative log-likelihood of each sample's label (B,)."""
-    return F.nll_loss(log_probabilities, labels, reduction="none")
+    from dlscale.data.mnist import MNISTDataset
+    from dlscale.models.cnn import MnistCNN
+    from dlscale.workloads.classification import MnistEvaluator
 
-
-class MnistEvaluator(ClassificationEvaluator):
-    """Accuracy against the baselines, and the workshop's test line (average loss, correct / total)."""
-
-    def __init__(self) -> None:
-        super().__init__(NUM_CLASSES, nll_per_sample)
-
-    def summary(self) -> EvalSummary:
-        summary = super().summary()
-        count = summary.samples
-        correct = round(float(self.sums.mean("correct")) * count)
-        summary.lines.append(
-            f"  Test set: Average loss: {summary.loss:.4f}, Accuracy: {correct}/{count} "
-            f"({100.0 * correct / max(count, 1):.0f}%)"
-        )
-        return summary
+# torch and the model are imported inside the methods: reading a config imports this module for its two config
+# classes, and must stay instant (see dlscale.workloads). A user's own workload need not bother.
 
 
 class CNNMnist(Workload):
@@ -50,19 +33,29 @@ class CNNMnist(Workload):
     model_config = CNNConfig
 
     def build_datasets(self, data_cfg: MNISTDataConfig) -> dict[str, MNISTDataset]:
+        from dlscale.data.mnist import MNISTDataset
+
         return {"train": MNISTDataset(data_cfg, "train"), "valid": MNISTDataset(data_cfg, "valid")}
 
     def build_model(self, model_cfg: CNNConfig, data_cfg: MNISTDataConfig) -> MnistCNN:
+        from dlscale.models.cnn import MnistCNN
+
         return MnistCNN(model_cfg)
 
     def loss(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
         return F.nll_loss(prediction, target)
 
     def evaluator(self, valid_dataset: MNISTDataset, image_channel: str | None = None) -> MnistEvaluator:
+        from dlscale.workloads.classification import MnistEvaluator
+
         # ``image_channel`` (log.image_channel) names a channel of gridded outputs; a classifier has none.
         return MnistEvaluator()
 
     def describe_model(self, model: MnistCNN) -> str:
+        from dlscale.models.cnn import count_parameters
+
         return (
             f"CNN with {count_parameters(model):,} parameters: conv 1->32->64 (3x3), max-pool, "
             f"fc 9216->128->10, dropout {model.dropout1.p} / {model.dropout2.p}"

@@ -1,19 +1,52 @@
-"""The ``Workload`` interface: what the run assembly, the trainer and the reports may ask of a workload.
+"""The ``Workload`` interface: everything dlscale asks of a workload, whether built in or a user's own.
 
-A workload pairs a data set, a model, a loss and validation metrics. The required members have no default; the
-optional hooks have one here, so a workload that subclasses :class:`Workload` only writes what it changes and
-nothing else in dlscale needs to ask ``hasattr``:
+A workload pairs a data set, a model, a loss and (optionally) validation metrics. dlscale finds one by the
+config's ``workload:`` key (see :mod:`dlscale.workloads.references`): a built-in name, a name an installed
+package registers under the entry-point group ``dlscale.workloads``, or an import path
+``package.module:OBJECT``. The object is an instance (or a class, instantiated without arguments).
 
-* ``configured(model_cfg, data_cfg)``: a copy bound to a run's config (a loss or metrics with parameters); the
-  default is the workload itself.
-* ``parallelize(model, mesh)``: this rank's tensor/context-parallel part of the model; the default refuses a
-  mesh with tp or cp > 1, so such a workload trains data-parallel only.
-* ``fsdp_units(model)``: the submodules FSDP2 shards one by one (a transformer's blocks); the default is none,
-  so the whole model is one unit.
-* ``forward_flops_per_sample(model_cfg, data_cfg)``: analytic forward FLOPs of one sample, for TFLOP/s and MFU;
-  the default (None) has them counted with ``torch.utils.flop_counter``.
+Required members (no default; a missing one is an error that names it):
 
-This module imports no torch at run time, so reading a config (which only needs the config classes) stays fast.
+* ``data_config``, ``model_config``: dataclasses (classes, not instances) whose fields are the keys of the YAML
+  ``data:`` and ``model:`` sections, each with a default. Field types: bool, int, float, str, ``X | None``,
+  ``tuple[...]``, ``list[...]``, ``Literal[...]``; ``__post_init__`` may raise
+  :class:`~dlscale.errors.InvalidValue` for a wrong value. A key name should not repeat one of another
+  section, so it can also be written flat (``lr: 1e-3`` for ``optim.lr``).
+* ``build_datasets(data_cfg) -> {"train": Dataset, "valid": Dataset}``: map-style torch data sets of
+  ``(input, target)`` pairs of tensors with the same shapes in every sample (the loader stacks them into
+  ``(batch, ...)`` tensors). Generating missing data here is fine (every rank calls it: write atomically).
+* ``build_model(model_cfg, data_cfg) -> torch.nn.Module``: the plain model, no parallelism (dlscale applies
+  DDP/FSDP2 from outside); ``model(inputs)`` maps a ``(batch, ...)`` input batch to predictions. No
+  BatchNorm where data-parallel runs must equal serial ones: per-rank batch statistics differ by design.
+* ``loss(prediction, target) -> scalar tensor``: the training loss of a batch, a mean over its samples.
+
+Optional members, and what dlscale does without them:
+
+* ``name: str``: the workload's name in logs and checkpoints (default: the reference it was found by).
+* ``evaluator(valid_dataset, image_channel) -> Evaluator``: validation metrics (see
+  :class:`dlscale.training.evaluate.Evaluator`; call ``reduce_across_ranks`` so data-parallel ranks agree).
+  Default: :class:`~dlscale.training.loss_evaluator.LossEvaluator`, the mean validation loss per sample and,
+  for ``(batch, channels, H, W)`` outputs, the prediction-vs-target image of one channel.
+* ``describe_model(model) -> str``: one line for the run's log (default: the class and parameter count).
+* ``configured(model_cfg, data_cfg) -> Workload``: a copy bound to a run's config (a loss or metrics with
+  parameters). Default: the workload itself.
+* ``forward_flops_per_sample(model_cfg, data_cfg) -> int | None``: analytic forward FLOPs of one sample, for
+  TFLOP/s and MFU. Default None: counted once with ``torch.utils.flop_counter`` on one batch.
+* ``fsdp_units(model) -> Sequence[nn.Module]``: submodules FSDP2 shards one by one (a transformer's blocks),
+  so only one unit's parameters are gathered at a time. Default: none (the whole model is one unit).
+* ``parallelize(model, mesh) -> nn.Module``: this rank's tensor/context-parallel part of the model, for
+  ``parallel.tensor_parallel``/``context_parallel`` > 1. Default: refuses such a mesh (data parallelism
+  needs no hook). A workload that adds it swaps its layers for those of :mod:`dlscale.parallel` (column- and
+  row-parallel linears, sequence-sharded attention) from outside the model, as
+  :mod:`dlscale.parallel.vit_parallel` does for the ViT, and checks itself against the serial model with
+  :mod:`dlscale.parallel`'s comparison on forked CPU ranks.
+
+Everything else (AMP, compile, CUDA graphs, both data pipelines, bench, profiling, monitoring, checkpoints,
+exact resume, DDP/FSDP2) needs no code in the workload.
+
+Subclassing :class:`Workload` gives the defaults by inheritance; an object that does not subclass it is
+wrapped with them (:func:`dlscale.workloads.references.as_workload`). This module imports no torch at run
+time, and the built-in workloads import theirs inside their methods, so reading a config stays instant.
 """
 
 from __future__ import annotations
@@ -28,12 +61,12 @@ if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
     from dlscale.parallel.mesh import ParallelMesh
-    from dlscale.train.evaluate import Evaluator
+    from dlscale.training.evaluate import Evaluator
 
 
 @runtime_checkable
 class Workload(Protocol):
-    """A data set + model + loss + metrics (see the module docstring for the optional hooks' defaults)."""
+    """A data set + model + loss (+ metrics): see the module docstring for every member and its default."""
 
     name: ClassVar[str]
     data_config: ClassVar[type]  # the dataclass of the ``data:`` config section
@@ -51,15 +84,18 @@ class Workload(Protocol):
         """The scalar training loss of a batch."""
         ...
 
+    # ------------------------------------------------------------------------------ optional, with defaults
+
     def evaluator(self, valid_dataset: Dataset, image_channel: str | None = None) -> Evaluator:
-        """The validation metrics (``image_channel``: ``log.image_channel``, for gridded outputs)."""
-        ...
+        """The validation metrics (``image_channel``: ``log.image_channel``); default: the mean loss."""
+        from dlscale.training.loss_evaluator import LossEvaluator
+
+        return LossEvaluator(self.loss, image_channel)
 
     def describe_model(self, model: torch.nn.Module) -> str:
         """One line about the model for the start of the run's log."""
-        ...
-
-    # ------------------------------------------------------------------------------ optional, with defaults
+        parameters = sum(p.numel() for p in model.parameters())
+        return f"{type(model).__name__} with {parameters:,} parameters"
 
     def configured(self, model_cfg: Any, data_cfg: Any) -> Workload:
         """This workload bound to a run's config sections (the default needs none)."""

@@ -7,21 +7,22 @@ FLOPs for TFLOP/s and MFU are analytic (every conv and the linear layer), equal 
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
-from dlscale.data.cifar import CIFARDataset
 from dlscale.data.cifar_config import CIFARDataConfig
 from dlscale.errors import ConfigError
-from dlscale.models.resnet import ResNet, count_parameters, resnet_flops_per_sample
 from dlscale.models.resnet_config import ResNetConfig
-from dlscale.workloads.classification import ClassificationEvaluator
 from dlscale.workloads.protocol import Workload
 
+if TYPE_CHECKING:
+    import torch
 
-def per_sample_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of each sample (B,)."""
-    return F.cross_entropy(logits, labels, reduction="none")
+    from dlscale.data.cifar import CIFARDataset
+    from dlscale.models.resnet import ResNet
+    from dlscale.workloads.classification import ClassificationEvaluator
+
+# torch and the model are imported inside the methods: reading a config imports this module for its two config
+# classes, and must stay instant (see dlscale.workloads). A user's own workload need not bother.
 
 
 class ResNetCIFAR(Workload):
@@ -32,9 +33,13 @@ class ResNetCIFAR(Workload):
     model_config = ResNetConfig
 
     def build_datasets(self, data_cfg: CIFARDataConfig) -> dict[str, CIFARDataset]:
+        from dlscale.data.cifar import CIFARDataset
+
         return {"train": CIFARDataset(data_cfg, "train"), "valid": CIFARDataset(data_cfg, "valid")}
 
     def build_model(self, model_cfg: ResNetConfig, data_cfg: CIFARDataConfig) -> ResNet:
+        from dlscale.models.resnet import ResNet
+
         if model_cfg.num_classes != data_cfg.num_classes:
             raise ConfigError(
                 f"model.num_classes is {model_cfg.num_classes}, but data.label '{data_cfg.label}' has "
@@ -44,18 +49,26 @@ class ResNetCIFAR(Workload):
 
     def forward_flops_per_sample(self, model_cfg: ResNetConfig, data_cfg: CIFARDataConfig) -> int:
         """Analytic forward FLOPs of one image (2 per multiply-accumulate of the convs and the linear layer)."""
+        from dlscale.models.resnet import resnet_flops_per_sample
+
         return resnet_flops_per_sample(model_cfg, data_cfg.image_size)
 
     def loss(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
         return F.cross_entropy(prediction, target)
 
     def evaluator(
         self, valid_dataset: CIFARDataset, image_channel: str | None = None
     ) -> ClassificationEvaluator:
+        from dlscale.workloads.classification import ClassificationEvaluator, per_sample_cross_entropy
+
         # image_channel names a field channel to plot for the gridded workloads; classifiers have none.
         return ClassificationEvaluator(valid_dataset.num_classes, per_sample_cross_entropy)
 
     def describe_model(self, model: ResNet) -> str:
+        from dlscale.models.resnet import count_parameters
+
         cfg = model.cfg
         stem = "3x3 stride-1 stem (no max-pool)" if cfg.small_input_stem else "7x7 stride-2 stem + max-pool"
         return (

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-from dlscale.train.optim_config import OptimConfig
+from dlscale.training.optim_config import OptimConfig
 
 
 def build_optimizer(

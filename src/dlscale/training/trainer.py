@@ -1,9 +1,9 @@
 """The training loop (and the ``train:`` config section, which it owns).
 
 One epoch: train steps from the saved position (each step: move the batch to the device, run
-:class:`~dlscale.train.step.TrainStep`, count it, tell the observers, honour a stop request), then validate and
+:class:`~dlscale.training.step.TrainStep`, count it, tell the observers, honour a stop request), then validate and
 tell the observers again. Logging, progress, TensorBoard and checkpoints are observers
-(:mod:`dlscale.train.observer`), so this file stays one screen of logic.
+(:mod:`dlscale.training.observer`), so this file stays one screen of logic.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ import torch
 
 from dlscale.runtime.distributed import any_rank, average_across_ranks
 from dlscale.runtime.signals import StopRequest
-from dlscale.train.divergence import DivergenceGuard, Recovery
-from dlscale.train.evaluate import evaluate
-from dlscale.train.observer import EpochReport, Observer
-from dlscale.train.training_setup import TrainingSetup
+from dlscale.training.divergence import DivergenceGuard, Recovery
+from dlscale.training.evaluate import evaluate
+from dlscale.training.observer import EpochReport, Observer
+from dlscale.training.training_setup import TrainingSetup
 
 log = logging.getLogger("dlscale.train")
 
 
 class Trainer:
     """The epoch loop. Everything optional (logs, progress, TensorBoard, checkpoints) is an observer; what a NaN
-    or inf does is the :class:`~dlscale.train.divergence.DivergenceGuard`'s business."""
+    or inf does is the :class:`~dlscale.training.divergence.DivergenceGuard`'s business."""
 
     def __init__(
         self,

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dlscale.train.evaluate import EvalSummary
+from dlscale.training.evaluate import EvalSummary
 
 if TYPE_CHECKING:
-    from dlscale.train.divergence import Divergence
-    from dlscale.train.trainer import Trainer
+    from dlscale.training.divergence import Divergence
+    from dlscale.training.trainer import Trainer
 
 
 @dataclass

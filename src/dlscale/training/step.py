@@ -1,9 +1,9 @@
 """One optimizer step: set the LR, forward, loss, backward, optional clipping, update.
 
 Kept apart from the loop so that faster ways of running the same step (a CUDA-graph-captured step, see
-:mod:`dlscale.train.graphs`) replace this class without touching the loop. Mixed precision and compilation
+:mod:`dlscale.training.graphs`) replace this class without touching the loop. Mixed precision and compilation
 are not separate step classes: the step runs ``forward`` (the model, or its compiled form) under the
-:class:`~dlscale.train.precision.Precision`'s autocast.
+:class:`~dlscale.training.precision.Precision`'s autocast.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from dlscale.parallel.shard_specs import clip_grad_norm_sharded, gradient_norm_sharded
 from dlscale.runtime.distributed import any_rank
 from dlscale.runtime.nvtx import NO_MARKERS, StepMarkers
-from dlscale.train.precision import Precision
-from dlscale.train.schedule import LRSchedule
+from dlscale.training.precision import Precision
+from dlscale.training.schedule import LRSchedule
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

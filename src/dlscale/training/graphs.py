@@ -36,7 +36,7 @@ from dlscale.runtime.cuda_graphs import (
     random_state,
     restore_random_state,
 )
-from dlscale.train.step import TrainStep
+from dlscale.training.step import TrainStep
 
 log = logging.getLogger("dlscale.train")
 

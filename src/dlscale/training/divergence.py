@@ -2,7 +2,7 @@
 
 A diverging run used to train on to the end with ``loss=nan``, write NaN weights over its good checkpoint and
 call itself finished. Now the :class:`DivergenceGuard` watches every step without a host sync (see
-:mod:`dlscale.train.nonfinite`), reads the record every ``train.nonfinite_check_every`` steps, at the end of
+:mod:`dlscale.training.nonfinite`), reads the record every ``train.nonfinite_check_every`` steps, at the end of
 every epoch before validation and before every checkpoint (all ranks agree on the result), and refuses any
 checkpoint whose weights or optimizer state are not finite, so the last good checkpoint is never replaced.
 Then ``train.on_nonfinite`` decides:
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from dlscale.runtime.distributed import any_rank
-from dlscale.train.nonfinite import NonFiniteWatch
-from dlscale.train.train_progress import TrainProgress
+from dlscale.training.nonfinite import NonFiniteWatch
+from dlscale.training.train_progress import TrainProgress
 
 if TYPE_CHECKING:
-    from dlscale.train.training_setup import TrainingSetup
+    from dlscale.training.training_setup import TrainingSetup
 
 log = logging.getLogger("dlscale.train")
 

@@ -23,12 +23,12 @@ from dlscale.parallel.mesh import ParallelMesh
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.runtime.nvtx import NO_MARKERS, StepMarkers
-from dlscale.train.evaluate import Evaluator
-from dlscale.train.precision import Precision
-from dlscale.train.schedule import EpochPlan, LRSchedule
-from dlscale.train.step import TrainStep
-from dlscale.train.train_config import TrainConfig
-from dlscale.train.train_progress import TrainProgress
+from dlscale.training.evaluate import Evaluator
+from dlscale.training.precision import Precision
+from dlscale.training.schedule import EpochPlan, LRSchedule
+from dlscale.training.step import TrainStep
+from dlscale.training.train_config import TrainConfig
+from dlscale.training.train_progress import TrainProgress
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ Batches = BatchSource | FiniteCheckedBatches
 
 @dataclass
 class Validation:
-    """How one validation pass runs on this rank (see :func:`dlscale.train.evaluate.evaluate`)."""
+    """How one validation pass runs on this rank (see :func:`dlscale.training.evaluate.evaluate`)."""
 
     loader: Batches
     evaluator: Evaluator

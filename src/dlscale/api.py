@@ -1,0 +1,86 @@
+"""The Python API: what ``dlscale train`` and ``dlscale bench`` do, for notebooks and scripts.
+
+    import dlscale
+
+    summary = dlscale.train("heat2d", "examples/heat2d/heat2d.yaml", "demo", overrides=["optim.lr=1e-3"])
+    print(summary["final"]["val_loss"])
+    results = dlscale.bench("heat2d", "examples/heat2d/heat2d.yaml", "demo", nbatches=20)
+
+``workload`` is what the config's ``workload:`` key would say (a built-in name, an installed package's name, an
+import path ``package.module:OBJECT``), a workload object itself (one defined in the notebook), or None for the
+config's own. ``overrides`` are ``--set`` strings (``"optim.lr=1e-3"``); further keyword arguments set config
+keys by their flat names with Python values (``num_iters=20``), as the command-line flags do.
+
+The same script runs on every rank under ``torchrun`` (``torchrun --nproc_per_node 4 script.py``): each call
+starts the process group from the launcher's environment and leaves it at the end, and every rank gets rank
+0's summary. Errors a user can fix are :class:`dlscale.errors.DlscaleError` subclasses with one-line messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dlscale.config import RunConfig, load_run_config
+from dlscale.config.yaml_source import DEFAULT_YAML
+from dlscale.perf.bench import BenchResults
+from dlscale.run.bench import bench_one_config
+from dlscale.run.process_group import distributed_run
+from dlscale.run.training import train_and_summarize
+from dlscale.runtime.device import Device
+from dlscale.runtime.launch import detect_process
+from dlscale.workloads import Workload, use_workload
+
+
+def load_config(
+    workload: str | Workload | None = None,
+    yaml_config: str | Path = DEFAULT_YAML,
+    config: str = "base",
+    overrides: Sequence[str] = (),
+    **keys: Any,
+) -> RunConfig:
+    """The resolved config (see the module docstring for the arguments), as ``dlscale config`` prints it."""
+    if isinstance(overrides, str):
+        overrides = [overrides]  # one "key=value" given alone, not a sequence of characters
+    reference = workload if workload is None or isinstance(workload, str) else use_workload(workload)
+    return load_run_config(yaml_config, config, list(overrides), keys, workload=reference)
+
+
+def train(
+    workload: str | Workload | None = None,
+    yaml_config: str | Path = DEFAULT_YAML,
+    config: str = "base",
+    overrides: Sequence[str] = (),
+    **keys: Any,
+) -> dict[str, Any] | None:
+    """Train (or resume) a config; its ``summary.json`` document: final validation metrics, throughput, paths.
+
+    None only when a finished run's directory holds no readable summary. Raises TrainingDiverged when the loss
+    diverged (the last good checkpoint is kept), and the other DlscaleErrors for what a user can fix.
+    """
+    return train_and_summarize(load_config(workload, yaml_config, config, overrides, **keys)).summary
+
+
+def bench(
+    workload: str | Workload | None = None,
+    yaml_config: str | Path = DEFAULT_YAML,
+    config: str = "base",
+    overrides: Sequence[str] = (),
+    output: str | Path | None = None,
+    **keys: Any,
+) -> BenchResults:
+    """IO / SYNTHETIC / FULL throughput trials of a config and the verdict (``dlscale bench``); the JSON goes to
+    ``output`` (default: ``bench.output_filename`` in the run directory). Trials are set by ``bench:`` keys,
+    e.g. ``nbatches=20, ntrials=3``."""
+    cfg = load_config(workload, yaml_config, config, overrides, **keys)
+    return bench_config(cfg, Path(output).expanduser().resolve() if output is not None else None)
+
+
+def bench_config(cfg: RunConfig, output: Path | None = None, command: str | None = None) -> BenchResults:
+    """The trials of a loaded config on every rank of the launch (in a process group of their own)."""
+    process = detect_process()
+    with distributed_run(process, Device.select(process.local_rank), cfg.parallel.timeout_s) as ending:
+        results = bench_one_config(cfg, output, command)
+        ending.alike = True
+        return results

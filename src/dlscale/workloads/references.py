@@ -1,0 +1,170 @@
+"""Find the workload a config's ``workload:`` key names, and check that it is one.
+
+A reference is one of
+
+* a built-in name (``era5_vit``): :data:`dlscale.workloads.BUILT_IN` maps it to an import path;
+* a name an installed package registers in its ``pyproject.toml``::
+
+      [project.entry-points."dlscale.workloads"]
+      heat2d = "heat2d.workload:WORKLOAD"
+
+* an import path ``package.module:OBJECT`` (``OBJECT`` may be dotted: ``module:Class.ATTRIBUTE``), for a
+  workload that is importable but not installed as a package (``PYTHONPATH``, a notebook's directory).
+
+All three end in the same import path, and the object found there goes through the same check (the built-in
+workloads have no shortcut): it must have the required members of :class:`~dlscale.workloads.protocol.Workload`
+with the right kinds, and an object that does not subclass ``Workload`` gets the optional members' defaults
+(:func:`as_workload`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import re
+from collections.abc import Callable, Mapping
+from functools import cache
+from typing import Any
+
+from dlscale.errors import ConfigError, did_you_mean
+from dlscale.workloads.protocol import Workload
+
+ENTRY_POINT_GROUP = "dlscale.workloads"
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+# The members every workload must have, and what each should be (for the error that names a missing one).
+REQUIRED_MEMBERS: dict[str, str] = {
+    "data_config": "a dataclass (the class) whose fields are the keys of the config's data: section",
+    "model_config": "a dataclass (the class) whose fields are the keys of the config's model: section",
+    "build_datasets": "a method build_datasets(data_cfg) returning {'train': Dataset, 'valid': Dataset}",
+    "build_model": "a method build_model(model_cfg, data_cfg) returning a torch.nn.Module",
+    "loss": "a method loss(prediction, target) returning the batch's scalar loss tensor",
+}
+OPTIONAL_MEMBERS = (
+    "name",
+    "evaluator",
+    "describe_model",
+    "configured",
+    "parallelize",
+    "fsdp_units",
+    "forward_flops_per_sample",
+)
+
+
+def installed_workloads() -> dict[str, str]:
+    """Name -> import path of the workloads installed packages register under the ``dlscale.workloads`` group."""
+    return {entry.name: entry.value for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def import_path_of(reference: str, built_in: Mapping[str, str]) -> str:
+    """The ``module:OBJECT`` path that ``reference`` stands for; ConfigError when it stands for none."""
+    if reference in built_in:
+        return built_in[reference]
+    if ":" in reference:
+        if not _IMPORT_PATH.match(reference):
+            raise ConfigError(
+                f"workload {reference!r} is not an import path of the form package.module:OBJECT"
+            )
+        return reference
+    installed = installed_workloads()
+    if reference in installed:
+        return installed[reference]
+    known = [*built_in, *sorted(installed)]
+    raise ConfigError(
+        f"unknown workload {reference!r}{did_you_mean(reference, known)}; known: {', '.join(known)}; or an "
+        "import path package.module:OBJECT, or a name an installed package registers under the entry-point "
+        f"group {ENTRY_POINT_GROUP!r}"
+    )
+
+
+@cache
+def load_workload(reference: str, import_path: str) -> Workload:
+    """The checked workload at ``import_path`` (found by ``reference``); imported once per process."""
+    module_name, _, attribute = import_path.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise ConfigError(
+                f"workload {reference!r}: cannot import module {module_name!r} (no module named {exc.name!r}); "
+                "install the package that holds it, or put its directory on PYTHONPATH"
+            ) from None
+        raise  # the workload's own module failed to import something: its traceback says what
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(f"workload {reference!r}: {import_path} has no attribute {part!r}")
+        target = getattr(target, part)
+    return as_workload(target, reference)
+
+
+def as_workload(candidate: Any, reference: str) -> Workload:
+    """``candidate`` checked as a workload: an instance, or a class instantiated without arguments.
+
+    ConfigError names the first missing or wrong member, the object and what the member should be. An object
+    that does not subclass :class:`Workload` is wrapped, so that its optional members have their defaults.
+    """
+    if isinstance(candidate, type):
+        try:
+            candidate = candidate()
+        except TypeError as exc:
+            raise ConfigError(
+                f"workload {reference!r}: the class {candidate.__qualname__} cannot be instantiated without "
+                f"arguments ({exc}); point the reference at an instance instead"
+            ) from None
+    for member, expected in REQUIRED_MEMBERS.items():
+        problem = _member_problem(candidate, member)
+        if problem:
+            raise ConfigError(
+                f"workload {reference!r} ({_describe(candidate)}) {problem} {member}: it should be {expected} "
+                "(see dlscale.workloads.protocol.Workload)"
+            )
+    if isinstance(candidate, Workload) and type(candidate) is not _WithDefaults:
+        workload = candidate
+    else:
+        workload = _WithDefaults(candidate)
+    if not isinstance(getattr(workload, "name", None), str):
+        workload.name = reference
+    return workload
+
+
+def _member_problem(candidate: Any, member: str) -> str:
+    """Why ``candidate.member`` is not what a workload needs ("" when it is)."""
+    value = getattr(candidate, member, None)
+    inherited = isinstance(candidate, Workload) and getattr(type(candidate), member, None) is getattr(
+        Workload, member, None
+    )
+    if value is None or inherited:
+        return "has no"
+    if member.endswith("_config"):
+        if not (isinstance(value, type) and dataclasses.is_dataclass(value)):
+            return f"has {value!r} (not a dataclass) as"
+        return ""
+    if not callable(value):
+        return f"has {value!r} (not callable) as"
+    return ""
+
+
+def _describe(candidate: Any) -> str:
+    kind = type(candidate)
+    return f"a {kind.__module__}.{kind.__qualname__}"
+
+
+class _WithDefaults(Workload):
+    """A workload object that does not subclass :class:`Workload`: its own members, the defaults for the rest."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        for member in (*REQUIRED_MEMBERS, *OPTIONAL_MEMBERS):
+            value: Callable[..., Any] | Any = getattr(inner, member, None)
+            if value is not None and member != "configured":
+                setattr(self, member, value)  # an instance attribute hides the class's default
+
+    def configured(self, model_cfg: Any, data_cfg: Any) -> Workload:
+        """The inner object's bound copy, wrapped in turn (it need not subclass Workload either)."""
+        bind = getattr(self.inner, "configured", None)
+        return self if bind is None else as_workload(bind(model_cfg, data_cfg), self.name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r})"

@@ -1,0 +1,141 @@
+"""A workload from a separate installed package (``examples/heat2d``, installed by ``make test``) gets all of
+dlscale with no code in ``src/dlscale``: found through its entry point and its import path, trained, benched,
+profiled, resumed bitwise after kill -9, and trained on 2 forked data-parallel ranks exactly like on 1."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from killed_runs import dlscale_command, kill_during_saves_then_resume
+
+import dlscale
+from dlscale.checkpoint.files import load_checkpoint
+from dlscale.runtime.local_ranks import run_ranks
+from dlscale.training.observer import Observer
+from dlscale.workloads import get_workload
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG_FILE = REPO / "examples" / "heat2d" / "heat2d.yaml"
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("heat2d") is None,
+    reason="the example package is not installed: pip install -e examples/heat2d (make test installs it)",
+)
+
+
+@pytest.fixture(scope="module")
+def heat_data(tmp_path_factory) -> Path:
+    """The tiny preset's files, generated once for the module by the example's own data set."""
+    root = tmp_path_factory.mktemp("heat2d") / "data"
+    cfg = dlscale.load_config(None, CONFIG_FILE, "tiny", [f"data.root={root}"])
+    get_workload(cfg.workload).build_datasets(cfg.data)  # generates the files when missing
+    return root
+
+
+def quiet(data: Path, expdir: Path, *more: str) -> list[str]:
+    return [f"data.root={data}", f"log.expdir={expdir}", "log.progress=none", "log.tensorboard=false", *more]
+
+
+@pytest.mark.slow
+def test_the_example_trains_through_its_entry_point_and_through_its_import_path(heat_data, tmp_path):
+    """The config says ``workload: heat2d`` (the installed entry point); the API names the import path. Both
+    are the same workload: the same seed gives the same losses."""
+    by_name = dlscale_command(
+        "train", "--yaml_config", str(CONFIG_FILE), "--config", "tiny",
+        *[word for text in quiet(heat_data, tmp_path / "by_name") for word in ("--set", text)],
+    )  # fmt: skip
+    assert by_name.returncode == 0, by_name.stderr
+    assert "workload heat2d" in by_name.stdout
+    named = json.loads((tmp_path / "by_name" / "tiny" / "00" / "summary.json").read_text())
+
+    by_path = dlscale.train(
+        "heat2d.workload:WORKLOAD", CONFIG_FILE, "tiny", quiet(heat_data, tmp_path / "by_path")
+    )
+    assert by_path["workload"] == "heat2d"
+    assert by_path["final"]["val_loss"] == named["final"]["val_loss"]
+    assert [e["train_loss"] for e in by_path["history"]] == [e["train_loss"] for e in named["history"]]
+    # the default evaluator's loss, the default describe_model, FLOPs counted for a model with no formula
+    log = (tmp_path / "by_path" / "tiny" / "00" / "out.log").read_text()
+    assert "parameters" in log and "GFLOP per training sample" in log and "counted" in log
+    assert by_path["final"]["val_loss"] < by_path["history"][0]["val_loss"]
+
+
+def test_the_example_benches_and_profiles_with_no_code_of_its_own(heat_data, tmp_path):
+    results = dlscale.bench(
+        "heat2d", CONFIG_FILE, "tiny", quiet(heat_data, tmp_path), output=tmp_path / "bench.json",
+        nbatches=4, ntrials=2, nwarmup=1,
+    )  # fmt: skip
+    assert set(results.tests) == {"IO", "SYNTHETIC", "FULL"}
+    assert all(series.mean > 0 for series in results.tests.values())
+    assert json.loads((tmp_path / "bench.json").read_text())["verdict"]["kind"] == results.verdict.kind
+
+    summary = dlscale.train(
+        "heat2d", CONFIG_FILE, "tiny", quiet(heat_data, tmp_path / "profiled", "profile.torch_profiler=true"),
+    )  # fmt: skip
+    assert summary is not None
+    traces = list((tmp_path / "profiled").rglob("*.pt.trace.json"))
+    assert traces and traces[0].stat().st_size > 0
+
+
+class KeepWeights(Observer):
+    """This rank's final weights (only rank 0 writes checkpoints)."""
+
+    weights: dict[str, np.ndarray] = {}
+
+    def on_train_end(self, trainer, outcome: str) -> None:
+        KeepWeights.weights = {
+            k: v.detach().cpu().numpy() for k, v in trainer.setup.model.state_dict().items()
+        }
+
+
+def train_heat_rank(rank: int, data: Path, expdir: Path) -> dict[str, np.ndarray]:
+    from dlscale.run.training import train
+
+    cfg = dlscale.load_config("heat2d", CONFIG_FILE, "tiny", quiet(data, expdir))
+    assert train(cfg, extra_observers=[KeepWeights()]) == 0
+    return KeepWeights.weights
+
+
+def test_two_data_parallel_ranks_train_the_example_like_one(heat_data, tmp_path):
+    serial = train_heat_rank(0, heat_data, tmp_path / "one")
+    parallel = run_ranks(2, train_heat_rank, heat_data, tmp_path / "two")
+    assert serial.keys() == parallel[0].keys() and serial
+    for key in serial:
+        np.testing.assert_array_equal(parallel[0][key], parallel[1][key], err_msg=f"ranks differ: {key}")
+        np.testing.assert_allclose(parallel[0][key], serial[key], rtol=1e-4, atol=2e-6, err_msg=key)
+
+
+@pytest.mark.parametrize(
+    "knob",
+    [
+        pytest.param("train.amp_mode=bf16", id="bf16"),
+        pytest.param("loader.data_loader_config=gpu", id="gpu-pipeline"),
+        pytest.param("parallel.data_parallel=fsdp", id="fsdp"),
+    ],
+)
+def test_the_examples_knobs_need_no_code_in_the_workload(heat_data, tmp_path, knob):
+    summary = dlscale.train("heat2d", CONFIG_FILE, "tiny", quiet(heat_data, tmp_path, knob))
+    assert np.isfinite(summary["final"]["val_loss"])
+
+
+@pytest.mark.slow
+def test_a_kill_9_of_the_example_resumes_bitwise(heat_data, tmp_path):
+    args = [
+        "train", "--yaml_config", str(CONFIG_FILE), "--config", "tiny", "--num_epochs", "6",
+        *[word for text in quiet(heat_data, tmp_path / "x", "checkpoint.save_every_steps=1") for word in ("--set", text)],
+    ]  # fmt: skip
+    reference = dlscale_command(*args, "--expdir", str(tmp_path / "reference"))
+    assert reference.returncode == 0, reference.stderr
+    run = tmp_path / "killed" / "tiny" / "00"
+    resumed = kill_during_saves_then_resume([*args, "--expdir", str(tmp_path / "killed")], run, saves=4)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Resum" in resumed.stdout
+    expected = load_checkpoint(tmp_path / "reference" / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")
+    actual = load_checkpoint(run / "checkpoints" / "ckpt_latest.pt")
+    for key, value in expected["model"].items():
+        assert torch.equal(actual["model"][key], value), key
