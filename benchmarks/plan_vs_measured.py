@@ -76,10 +76,10 @@ from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import start_process_group, stop_process_group
 from dlscale.runtime.launch import detect_process
 from dlscale.runtime.local_ranks import run_ranks
-from dlscale.train.metrics import relative_l2_loss
-from dlscale.train.precision import AMP_DTYPES, Precision
-from dlscale.train.schedule import LRSchedule
-from dlscale.train.step import TrainStep
+from dlscale.training.metrics import relative_l2_loss
+from dlscale.training.precision import AMP_DTYPES, Precision
+from dlscale.training.schedule import LRSchedule
+from dlscale.training.step import TrainStep
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
