@@ -129,3 +129,6 @@ def test_final_line_names_the_workloads_baseline_and_leaves_out_what_it_lacks():
                   "baseline_loss": None, "baseline_headline": 0.11}  # fmt: skip
     assert final_line(classifier) == "loss 0.2500, accuracy 0.9100; majority class: accuracy 0.1100"
     assert final_line({**classifier, "baseline": None}) == "loss 0.2500, accuracy 0.9100"
+    # the default evaluator's headline is the loss itself: said once, and small losses do not print as 0
+    loss_only = {"val_loss": 7.3e-6, "headline": "loss", "headline_value": 7.3e-6, "baseline": None}
+    assert final_line(loss_only) == "loss 7.3e-06"

@@ -159,14 +159,18 @@ class RunSummary(Observer):
 
 def final_line(final: dict[str, Any]) -> str:
     """'loss 0.0743, RMSE(u10m) 0.0702; persistence: loss 0.3195, RMSE(u10m) 0.3210' (the baseline's part only
-    with what the workload's baseline has)."""
+    with what the workload's baseline has; the headline once when it is the loss itself)."""
     headline = final["headline"]
-    line = f"loss {final['val_loss']:.4f}, {headline} {final['headline_value']:.4f}"
-    baseline = [
-        f"{name} {final[key]:.4f}"
-        for name, key in (("loss", "baseline_loss"), (headline, "baseline_headline"))
-        if final.get(key) is not None
-    ]
+    names = [("loss", "val_loss", "baseline_loss")]
+    if headline != "loss":
+        names.append((headline, "headline_value", "baseline_headline"))
+    line = ", ".join(f"{name} {_readable(final[key])}" for name, key, _ in names)
+    baseline = [f"{name} {_readable(final[key])}" for name, _, key in names if final.get(key) is not None]
     if final.get("baseline") and baseline:
         line += f"; {final['baseline']}: {', '.join(baseline)}"
     return line
+
+
+def _readable(value: float) -> str:
+    """4 decimals, as the tutorials print losses; 3 significant digits below 0.001, which would print as 0."""
+    return f"{value:.4f}" if abs(value) >= 1e-3 or value == 0 else f"{value:.3g}"

@@ -111,6 +111,8 @@ def build_training(
     )
 
     model = workload.build_model(cfg.model, cfg.data).to(device.torch)
+    # Counted on the plain model: FSDP2 and tensor parallelism change its parameters in place.
+    utilization = measure_utilization(workload, model, cfg, device, train_set)
     with errors_naming_the_config(cfg):
         model = workload.parallelize(model, mesh)  # this rank's part of it (tp/cp), from outside the model
     # DDP across the ranks holding the same parameters, FSDP2 (which shards the parameters first, so it comes
@@ -170,7 +172,7 @@ def build_training(
         record=RunRecord(
             name=cfg.name,
             source=cfg.source,
-            workload=cfg.workload,
+            workload=workload.name,  # the same whether the config named it or gave its import path
             overrides=cfg.overrides,
             resolved=cfg.to_dict(),
             weight_defining_keys=weight_defining_keys(cfg.model, cfg.data),
@@ -201,7 +203,7 @@ def build_training(
             sync_buffers=buffer_synchronizer(model, cfg.parallel, process, mesh),
         ),
         stop_check_every=cfg.parallel.stop_check_every,
-        utilization=measure_utilization(workload, model, cfg, device, train_set),
+        utilization=utilization,
         markers=markers,
     )
     built = BuiltRun(cfg, setup, workload, datasets, checkpoints, profilers=tuple(profilers))
