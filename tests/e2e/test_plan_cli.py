@@ -135,3 +135,91 @@ def test_a_bad_gpu_memory_is_refused(capsys):
     status, _, err = run_plan(capsys, "--gpus", "4", "--gpu_memory_gb", "0")
     assert status == 2
     assert "--gpu_memory_gb: must be a number of GB > 0, got 0.0" in err
+
+
+# ---- workloads without an analytic cost model: the traced plan -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def synthetic_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The `tiny` MNIST and cosmology data sets, made by `dlscale data` itself."""
+    root = tmp_path_factory.mktemp("data")
+    made = {}
+    for workload, generator in (("cnn_mnist", "synth-mnist"), ("unet_cosmo", "synth-cosmo")):
+        made[workload] = root / workload
+        assert main(["data", generator, "--out", str(made[workload]), "--preset", "tiny"]) == 0
+    return made
+
+
+def plan_workload(capsys, workload: str, data: Path, *args: str) -> tuple[int, str, str]:
+    config = REPO / "configs" / f"{workload}.yaml"
+    status = main(
+        ["plan", "--yaml_config", str(config), "--config", "tiny", "--set", f"data.root={data}", *args]
+    )
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_plan_of_the_cnn_is_a_table_of_ddp_and_fsdp2(capsys, tmp_path, synthetic_data):
+    out_file = tmp_path / "cnn.json"
+    status, out, err = plan_workload(
+        capsys, "cnn_mnist", synthetic_data["cnn_mnist"], "--gpus", "2", "--gpu_memory_gb", "8",
+        "--json", str(out_file),
+    )  # fmt: skip
+    assert status == 0, err
+    document = json.loads(out_file.read_text())
+    assert document["estimator"] == "traced"
+    assert document["sample"] == {"input": {"shape": [1, 28, 28], "dtype": "float32"},
+                                  "target": {"shape": [], "dtype": "int64"}}  # fmt: skip
+    assert document["trace"]["parameters"] == 1_199_882
+    ddp, fsdp = document["rows"]
+    assert (ddp["layout"], fsdp["layout"]) == ("DDP dp=2", "FSDP2 dp=2")
+    for row in (ddp, fsdp):
+        assert row["valid"] and row["fits"] and row["local_batch"] == 16  # tiny's global batch 32 over 2
+        parts = row["memory_bytes"]
+        assert parts["total"] == (
+            parts["model_states"] + parts["activations"] + parts["batch"]
+            + parts["autocast_weight_copies"] + parts["cuda_allowance"]
+        )  # fmt: skip
+        line = next(line for line in out.splitlines() if line.strip().startswith(row["layout"]))
+        assert f"{row['stored_parameters']:,}" in line and f"{parts['total'] / GB:.2f}" in line
+    # FSDP2 keeps half of each parameter's rows; the activations are the same local batch's
+    assert fsdp["stored_parameters"] < ddp["stored_parameters"] == 1_199_882
+    assert fsdp["memory_bytes"]["activations"] == ddp["memory_bytes"]["activations"] > 0
+    assert "Data-parallel layouts:" in out and "Layouts that fit" not in out
+    text = " ".join(out.split())
+    assert "workload 'cnn_mnist' declares no tensor/context-parallel plan" in text
+    assert "The config asks for data_parallel 'ddp', i.e. DDP dp=2 on 2 GPU(s): fits (" in text
+    assert f"JSON {out_file}" in out
+
+
+def test_plan_of_the_unet_on_one_gpu_and_on_four(capsys, tmp_path, synthetic_data):
+    data = synthetic_data["unet_cosmo"]
+    one = tmp_path / "one.json"
+    status, out, err = plan_workload(
+        capsys, "unet_cosmo", data, "--gpus", "1", "--json", str(one), "--set", "amp_mode=bf16"
+    )
+    assert status == 0, err
+    (row,) = json.loads(one.read_text())["rows"]
+    assert (row["layout"], row["local_batch"]) == ("one GPU", 4)
+    assert row["memory_bytes"]["autocast_weight_copies"] > 0  # bf16: half-precision copies of the weights
+    four = tmp_path / "four.json"
+    status, out, err = plan_workload(capsys, "unet_cosmo", data, "--gpus", "4", "--json", str(four))
+    assert status == 0, err
+    ddp, fsdp = json.loads(four.read_text())["rows"]
+    assert ddp["local_batch"] == 1 and ddp["fits"]
+    # FSDP2 cannot shard the channels-last convolution weights: the plan says so instead of estimating
+    assert not fsdp["valid"] and "FSDP2 shards only contiguous parameters" in fsdp["reason"]
+    assert "cannot run: FSDP2 shards only contiguous parameters" in " ".join(out.split())
+
+
+def test_a_batch_that_does_not_split_over_the_gpus_is_said_so(capsys, synthetic_data):
+    status, out, err = plan_workload(capsys, "cnn_mnist", synthetic_data["cnn_mnist"], "--gpus", "3")
+    assert status == 0, err
+    assert "cannot run: " in out and "not divisible by the 3 data-parallel ranks" in " ".join(out.split())
+
+
+def test_missing_data_is_one_clear_error_naming_the_path(capsys, tmp_path):
+    status, out, err = plan_workload(capsys, "cnn_mnist", tmp_path / "nowhere", "--gpus", "2")
+    assert status == 2
+    assert str(tmp_path / "nowhere") in err and "Traceback" not in err

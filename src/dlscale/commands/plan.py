@@ -1,11 +1,17 @@
-"""``dlscale plan``: which dp x tp x cp layouts of N GPUs fit a config's model in memory, and what each sends.
+"""``dlscale plan``: which layouts of N GPUs fit a config's model in memory (for the ViT: what each sends).
 
     dlscale plan --yaml_config configs/vit_era5.yaml --config mp --gpus 4 --gpu_memory_gb 80 \
         [--set key=value] [--json plan.json]
 
-Every layout with dp * tp * cp == GPUs is estimated (the formulas are in :mod:`dlscale.perf.layout_cost`, how
-they compare with measurements in :mod:`dlscale.perf.memory_plan` and benchmarks/plan_vs_measured.py): those that fit come first, least traffic per step first, then those that
-do not fit, then those the model cannot be split into, each with its reason. Nothing runs on a GPU.
+The ViT has an analytic cost model, its declared parallel plan: every layout with dp * tp * cp == GPUs is
+estimated (the formulas are in :mod:`dlscale.perf.layout_cost`, how they compare with measurements in
+:mod:`dlscale.perf.memory_plan` and benchmarks/plan_vs_measured.py): those that fit come first, least traffic
+per step first, then those that do not fit, then those the model cannot be split into, each with its reason.
+
+Every other workload is planned from a trace of its training step on fake tensors
+(:mod:`dlscale.perf.traced_plan`): DDP and FSDP2 over the N GPUs, at the config's batch size, precision and
+optimizer; it reads one sample of its training data for the shapes. Nothing runs on a GPU, and nothing of the
+model's size is allocated.
 """
 
 from __future__ import annotations
@@ -16,11 +22,20 @@ import textwrap
 from typing import Any
 
 from dlscale.config import load_run_config
-from dlscale.errors import InvalidValue
+from dlscale.config.run_config import RunConfig
+from dlscale.errors import ConfigError, InvalidValue
+from dlscale.models.vit_config import ViTConfig
 from dlscale.perf.layout_cost import GIB, Layout, ModelShape, TrainingSettings, count_parameters_per_gpu
 from dlscale.perf.memory_plan import LayoutEstimate, Plan, model_shape_of, plan, tutorial_comparisons
+from dlscale.perf.traced_layouts import OptimizerMemory
+from dlscale.perf.traced_memory import TensorSpec
+from dlscale.perf.traced_plan import plan_data_parallel
+from dlscale.perf.traced_report import TracedPlanContext, traced_plan_document, traced_plan_report
+from dlscale.run.assembly import batch_sizes
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
+from dlscale.workloads import get_workload
+from dlscale.workloads.protocol import Workload
 
 COLUMNS = (
     f"  {'rank':>4}  {'dp':>2} {'tp':>2} {'cp':>2}  {'batch':>5}  {'params/GPU':>11}  {'states':>6}  "
@@ -43,6 +58,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
     if not (args.gpu_memory_gb > 0 and math.isfinite(args.gpu_memory_gb)):
         raise InvalidValue("--gpu_memory_gb", f"must be a number of GB > 0, got {args.gpu_memory_gb}")
     cfg = load_run_config(args.yaml_config, args.config, args.set, {})
+    if not isinstance(cfg.model, ViTConfig):
+        return run_traced_plan(args, cfg)
     shape = model_shape_of(cfg)
     settings = TrainingSettings.from_run_config(cfg)
     result = plan(
@@ -60,6 +77,65 @@ def run_plan_command(args: argparse.Namespace) -> int:
         write_text_atomically(args.json, to_json(document))
         print(f"JSON {args.json}")
     return 0
+
+
+def run_traced_plan(args: argparse.Namespace, cfg: RunConfig) -> int:
+    """The data-parallel plan of a workload without an analytic cost model, from a trace of its step."""
+    workload = get_workload(cfg.workload).configured(cfg.model, cfg.data)
+    first = workload.build_datasets(cfg.data)["train"][0]  # a missing data set names its path here
+    sample = (TensorSpec.of(first[0]), TensorSpec.of(first[1]))
+    try:
+        global_batch, local_batch = batch_sizes(cfg, args.gpus)
+        problem = ""
+    except ConfigError as error:  # every row then says so
+        global_batch, local_batch, problem = cfg.train.global_batch_size, None, str(error)
+    optimizer = OptimizerMemory(cfg.optim.optimizer, cfg.optim.momentum)
+    result = plan_data_parallel(
+        lambda: workload.build_model(cfg.model, cfg.data),
+        sample,
+        workload.loss,
+        local_batch=local_batch,
+        batch_problem=problem,
+        gpus=args.gpus,
+        gpu_memory_gb=args.gpu_memory_gb,
+        amp_mode=cfg.train.amp_mode,
+        optimizer=optimizer,
+        units_of=workload.fsdp_units,
+        gradient_as_bucket_view=cfg.parallel.gradient_as_bucket_view,
+        requested=cfg.parallel.data_parallel,
+        compiled=cfg.train.enable_jit,
+    )
+    context = TracedPlanContext(
+        config=cfg.name,
+        source=str(cfg.source),
+        workload=cfg.workload,
+        sample=sample,
+        global_batch=global_batch,
+        amp_mode=cfg.train.amp_mode,
+        optimizer=optimizer,
+        model_parallel=model_parallel_line(workload, cfg),
+    )
+    for line in traced_plan_report(result, context):
+        print(line)
+    if args.json is not None:
+        write_text_atomically(args.json, to_json(traced_plan_document(result, context)))
+        print(f"JSON {args.json}")
+    return 0
+
+
+def model_parallel_line(workload: Workload, cfg: RunConfig) -> str:
+    """Why the traced plan lists no tensor/context-parallel layouts."""
+    declared = getattr(type(workload), "parallelize", Workload.parallelize) is not Workload.parallelize
+    start = f"tp/cp layouts are not listed: workload {cfg.workload!r} declares"
+    line = (
+        f"{start} a tensor/context-parallel form, but dlscale plan has a cost model of one only for the ViT."
+        if declared
+        else f"{start} no tensor/context-parallel plan."
+    )
+    tp, cp = cfg.parallel.tensor_parallel, cfg.parallel.context_parallel
+    if tp * cp > 1 and not declared:
+        line += f" The config's tp={tp} cp={cp} cannot train: set both to 1."
+    return line
 
 
 def _gb(value: int) -> str:

@@ -238,8 +238,8 @@ def model_shape_of(cfg: Any) -> ModelShape:
     """The :class:`ModelShape` of a loaded run config of the ViT workload."""
     if not isinstance(cfg.model, ViTConfig):
         raise ConfigError(
-            f"{cfg.where}: dlscale plan estimates the ViT; workload {cfg.workload!r} "
-            f"has a {type(cfg.model).__name__} model"
+            f"{cfg.where}: the analytic dp x tp x cp plan models the ViT; workload {cfg.workload!r} "
+            f"has a {type(cfg.model).__name__} model (plan it with dlscale.perf.traced_plan)"
         )
     return ModelShape.from_config(
         cfg.model, cfg.data.img_size, cfg.data.n_in_channels, cfg.data.n_out_channels
