@@ -1,6 +1,7 @@
 # The two front doors of dlscale (see README):
 #   make demo   set up .venv, generate the synthetic ERA5 data set if missing, train the demo ViT
-#   make test   set up .venv with the test extras, check style (ruff) and run the whole suite
+#   make test   set up .venv with the test extras and the example workload package (examples/heat2d), check
+#               style (ruff) and run the whole suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,19 +11,22 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.dlscale-installed
 DEMO_DATA ?= data/era5_demo
 DEMO_CONFIG ?= demo
-LINT_PATHS := $(wildcard src tests benchmarks scripts)
+LINT_PATHS := $(wildcard src tests benchmarks scripts examples)
 
 .PHONY: demo test lint install clean-venv
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The example package is installed as a user installs their own workload (its entry point is what the e2e
+# tests find it by); it comes after dlscale, which it depends on.
+$(STAMP): pyproject.toml examples/heat2d/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
 		echo "== keeping the torch already in $(VENV)"; $(BIN)/python -m pip install -q -e '.[dev]'; \
 	else \
 		echo "== installing dlscale with $(TORCH_SPEC) into $(VENV)"; $(BIN)/python -m pip install -q "$(TORCH_SPEC)" -e '.[dev]'; \
 	fi
+	$(BIN)/python -m pip install -q -e examples/heat2d
 	@touch $(STAMP)
 
 demo: $(STAMP)

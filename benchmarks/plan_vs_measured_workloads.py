@@ -63,10 +63,10 @@ from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import start_process_group, stop_process_group
 from dlscale.runtime.launch import detect_process
 from dlscale.runtime.local_ranks import run_ranks
-from dlscale.train.optim import build_optimizer
-from dlscale.train.precision import Precision
-from dlscale.train.schedule import LRSchedule
-from dlscale.train.step import TrainStep
+from dlscale.training.optim import build_optimizer
+from dlscale.training.precision import Precision
+from dlscale.training.schedule import LRSchedule
+from dlscale.training.step import TrainStep
 from dlscale.workloads import get_workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ CASES = [
         ("synth-cosmo", "--preset", "tiny"),
     ),
     # The example package (pip install -e examples/heat2d; its data are written on first use):
-    # WorkloadCase("heat2d", "examples/heat2d/heat2d.yaml", "demo"),
+    WorkloadCase("heat2d", "examples/heat2d/heat2d.yaml", "demo"),
 ]
 PRECISIONS = ("none", "bf16")
 LAYOUTS = (DataParallelLayout("none", 1), DataParallelLayout("ddp", 2), DataParallelLayout("fsdp", 2))

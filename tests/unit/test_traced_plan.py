@@ -33,12 +33,12 @@ from dlscale.perf.traced_layouts import (
 from dlscale.perf.traced_memory import TensorSpec, trace_training_step
 from dlscale.perf.traced_plan import MEASURED_RATIO_RANGE, MEASURED_RESULT, plan_data_parallel
 from dlscale.runtime.device import Device
-from dlscale.train.metrics import relative_l2_loss
-from dlscale.train.optim import build_optimizer
-from dlscale.train.optim_config import OptimConfig
-from dlscale.train.precision import AMP_DTYPES, Precision
-from dlscale.train.schedule import LRSchedule
-from dlscale.train.step import TrainStep
+from dlscale.training.metrics import relative_l2_loss
+from dlscale.training.optim import build_optimizer
+from dlscale.training.optim_config import OptimConfig
+from dlscale.training.precision import AMP_DTYPES, Precision
+from dlscale.training.schedule import LRSchedule
+from dlscale.training.step import TrainStep
 from dlscale.workloads import get_workload
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ Model states (bytes on the busiest rank)
 * optimizer state, per parameter (shard): Adam and AdamW keep exp_avg and exp_avg_sq, Adadelta square_avg
   and acc_delta, SGD a momentum buffer when momentum > 0 (none without), each the parameter's size and dtype;
   Adam, AdamW and Adadelta also keep a ``step`` count per parameter tensor, an fp32 scalar (torch's optimizers, as
-  :func:`dlscale.train.optim.build_optimizer` makes them).
+  :func:`dlscale.training.optim.build_optimizer` makes them).
 * FSDP2's unsharded working set: the root (every parameter outside the workload's ``fsdp_units``; by default
   the whole model) is all-gathered at the start of forward and stays whole until its backward ends; of the
   units, the one computing and the one prefetched are whole at once; and the gradients of the largest of them

@@ -32,7 +32,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlscale.errors import InvalidValue
-from dlscale.train.precision import AMP_DTYPES
+from dlscale.training.precision import AMP_DTYPES
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 UnitsOf = Callable[[nn.Module], Sequence[nn.Module]]
@@ -204,7 +204,7 @@ def trace_training_step(
 
     ``sample`` is one (input, target) pair's specs; ``units_of`` (the workload's ``fsdp_units``) names the
     submodules FSDP2 shards as units of their own. The forward runs under autocast, the loss in fp32 on the
-    prediction (as :class:`dlscale.train.step.TrainStep` does). ``build_model`` runs on the meta device, so it
+    prediction (as :class:`dlscale.training.step.TrainStep` does). ``build_model`` runs on the meta device, so it
     must not read tensor values (``.item()``, numpy); initialization in place is fine.
     """
     if local_batch < 1:
