@@ -8,7 +8,7 @@ parallelism; a workload gets tp/cp rows only with such a model. Here the model i
 far larger than this machine's memory is planned as quickly as a small one.
 
 How close it comes: benchmarks/plan_vs_measured_workloads.py measures the peak of real training steps on the
-CPU (U-Net, CNN, ResNet; fp32 and bf16; serial, DDP and FSDP2 on 2 ranks) against this estimate:
+CPU (U-Net, CNN, ResNet, heat2d; fp32 and bf16; serial, DDP and FSDP2 on 2 ranks) against this estimate:
 :data:`MEASURED_RATIO_RANGE` (a unit test keeps it equal to the committed result). What it leaves out, the
 gradients flowing back through the layers and the temporaries of the loss, the collectives and the optimizer,
 is mostly what makes up the gap; on a GPU the caching allocator's reserve comes on top.

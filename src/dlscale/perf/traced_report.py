@@ -78,7 +78,7 @@ def caveat() -> str:
     return (
         "Not estimated: the gradients flowing back through the layers, the temporaries of the loss, the "
         "collectives and the optimizer, the caching allocator's reserve and fragmentation. On the CPU this "
-        f"estimate came to {low:.0%}-{high:.0%} of the measured peak of a training step (U-Net, CNN, ResNet; "
+        f"estimate came to {low:.0%}-{high:.0%} of the measured peak of a training step (U-Net, CNN, ResNet, the heat2d example; "
         f"{MEASURED_RESULT}): treat a layout whose use is near 100% as not fitting."
     )
 
