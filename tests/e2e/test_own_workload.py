@@ -122,6 +122,19 @@ def test_two_data_parallel_ranks_train_the_example_like_one(heat_data, tmp_path,
         np.testing.assert_allclose(parallel[0][key], serial[key], rtol=1e-4, atol=2e-6, err_msg=key)
 
 
+def train_through_the_api(rank: int, data: Path, expdir: Path) -> dict:
+    return dlscale.train("heat2d", CONFIG_FILE, "tiny", quiet(data, expdir))
+
+
+def test_the_python_api_runs_on_every_rank_and_each_gets_the_summary(heat_data, tmp_path):
+    """A script calling dlscale.train under torchrun: every rank trains, and every rank reads rank 0's summary."""
+    summaries = run_ranks(2, train_through_the_api, heat_data, tmp_path)
+    assert summaries[0] is not None and summaries[0] == summaries[1]
+    assert (
+        summaries[0]["final"] == json.loads((tmp_path / "tiny" / "00" / "summary.json").read_text())["final"]
+    )
+
+
 @pytest.mark.parametrize(
     "knob",
     [

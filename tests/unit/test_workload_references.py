@@ -129,6 +129,7 @@ def toy(tmp_path, monkeypatch) -> Path:
     """The toy workload's module on sys.path and its config file; the path of the config file."""
     (tmp_path / "toy_line.py").write_text(TOY_MODULE)
     (tmp_path / "toy.yaml").write_text(TOY_CONFIG)
+    (tmp_path / "toy_line_needs.py").write_text("import not_installed_dependency\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path / "toy.yaml"
 
@@ -174,6 +175,10 @@ def re_escape(text: str) -> str:
         ("toy_line:NeedsArguments", ["NeedsArguments cannot be instantiated without arguments"]),
         ("toy_line:Missing", ["toy_line:Missing has no attribute 'Missing'"]),
         ("no_such_package.module:W", ["cannot import module 'no_such_package.module'", "PYTHONPATH"]),
+        (
+            "toy_line_needs:WORKLOAD",
+            ["module 'toy_line_needs' imports 'not_installed_dependency'", "install it"],
+        ),
         ("toy_line:WORK LOAD", ["not an import path of the form package.module:OBJECT"]),
         ("toy_line:ClashingKey", ["data.lr", "optim.lr", "rename it"]),
         ("toy_line:UnreadableType", ["data.toy_names", "cannot be read as"]),

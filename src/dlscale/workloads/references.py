@@ -91,7 +91,10 @@ def load_workload(reference: str, import_path: str) -> Workload:
                 f"workload {reference!r}: cannot import module {module_name!r} (no module named {exc.name!r}); "
                 "install the package that holds it, or put its directory on PYTHONPATH"
             ) from None
-        raise  # the workload's own module failed to import something: its traceback says what
+        raise ConfigError(
+            f"workload {reference!r}: module {module_name!r} imports {exc.name!r}, which is not installed; "
+            "install it where dlscale runs"
+        ) from None
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise ConfigError(f"workload {reference!r}: {import_path} has no attribute {part!r}")
