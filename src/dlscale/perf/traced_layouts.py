@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from dlscale.errors import InvalidValue
-from dlscale.perf.layout_cost import CUDA_ALLOWANCE_BYTES
+from dlscale.perf.layout_cost import CUDA_ALLOWANCE_BYTES, MemoryEstimate
 from dlscale.perf.traced_memory import ParameterInfo, TracedStep
 
 STEP_COUNT_BYTES = 4  # the fp32 ``step`` scalar of Adam, AdamW and Adadelta, one per parameter tensor
@@ -99,32 +99,15 @@ def shard_elements(shape: tuple[int, ...], shards: int) -> int:
 
 
 @dataclass(frozen=True)
-class TracedMemory:
-    """Bytes on one GPU at the peak of a training step (the parts that are modelled)."""
+class TracedMemory(MemoryEstimate):
+    """The analytic estimate's parts per GPU, plus the batch itself: a traced step knows which of its inputs
+    and targets autograd does not already keep."""
 
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    sharding_overhead: int  # FSDP2's unsharded working set, or DDP's buckets beside the gradients
-    activations: int  # saved for backward
-    batch: int  # the input and target batches, where autograd does not already hold them
-    autocast_weight_copies: int
-    cuda_allowance: int = CUDA_ALLOWANCE_BYTES
-
-    @property
-    def model_states(self) -> int:
-        """Parameters, gradients, optimizer state and the data-parallel wrapper's extra copies."""
-        return self.parameters + self.gradients + self.optimizer_state + self.sharding_overhead
+    batch: int = 0  # the input and target batches, where autograd does not already hold them
 
     @property
     def total(self) -> int:
-        return (
-            self.model_states
-            + self.activations
-            + self.batch
-            + self.autocast_weight_copies
-            + self.cuda_allowance
-        )
+        return super().total + self.batch
 
 
 def fsdp_working_set(parameters: tuple[ParameterInfo, ...], units: int) -> int:
