@@ -11,9 +11,11 @@ from typing import Literal
 
 import pytest
 
+from dlscale.config import load_run_config, yaml_source
 from dlscale.config.typed import build_section, coerce, describe, section_to_dict
 from dlscale.config.yaml_source import (
     MAX_EXPANDED_NODES,
+    SHIPPED_CONFIGS,
     deep_merge,
     parse_yaml_value,
     read_config_file,
@@ -174,6 +176,144 @@ def test_extends_must_be_a_name_or_a_list_of_names(tmp_path, extends):
     path = write(tmp_path, f"base: {{x: 1}}\nchild: {{extends: {extends}}}\n")
     message = error_of(resolve_section, read_config_file(path), "child", path)
     assert_names(message, str(path), "'child'", "'extends' must be a config name or a list of names")
+
+
+OTHER = """
+    base:
+      optim: {optimizer: Adam, lr: 5E-4, warmup: 10}
+      train: {num_iters: 100}
+    mid:
+      extends: base
+      train: {seed: 7}
+"""
+
+
+def test_extends_a_config_of_another_file_and_merges_deeply(tmp_path):
+    write(tmp_path, OTHER, "other.yaml")
+    path = write(tmp_path, "tuned:\n  extends: other.yaml:base\n  optim: {lr: 1e-3}\n", "tuned.yaml")
+    tuned = resolve_section(read_config_file(path), "tuned", path)
+    assert tuned == {"optim": {"optimizer": "Adam", "lr": 1e-3, "warmup": 10}, "train": {"num_iters": 100}}
+
+
+def test_another_file_is_found_relative_to_the_including_file(tmp_path, monkeypatch):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "tuned").mkdir()
+    write(tmp_path / "configs", OTHER, "other.yaml")
+    path = write(tmp_path / "tuned", "tuned: {extends: ../configs/other.yaml:base}\n", "tuned.yaml")
+    # From here, ../configs/other.yaml is a decoy: the including file's directory must win.
+    (tmp_path / "elsewhere" / "sub").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "configs").mkdir()
+    write(tmp_path / "elsewhere" / "configs", "base: {train: {num_iters: 1}}\n", "other.yaml")
+    monkeypatch.chdir(tmp_path / "elsewhere" / "sub")
+    assert resolve_section(read_config_file(path), "tuned", path)["train"] == {"num_iters": 100}
+
+
+def test_the_other_files_own_extends_refer_to_its_configs(tmp_path):
+    write(tmp_path, OTHER, "other.yaml")
+    # This file has a 'base' too; other.yaml's `extends: base` must still mean other.yaml's base.
+    text = "base: {optim: {lr: 9.0}, only_here: 1}\ntuned: {extends: other.yaml:mid}\n"
+    path = write(tmp_path, text, "tuned.yaml")
+    tuned = resolve_section(read_config_file(path), "tuned", path)
+    assert tuned == {
+        "optim": {"optimizer": "Adam", "lr": 5e-4, "warmup": 10},
+        "train": {"num_iters": 100, "seed": 7},
+    }
+
+
+def test_extends_list_mixes_same_file_and_other_file_parents(tmp_path):
+    write(tmp_path, OTHER, "other.yaml")
+    text = """
+        local: {optim: {lr: 1.0, eps: 0.1}, train: {num_iters: 5}}
+        tuned: {extends: [local, other.yaml:mid], optim: {warmup: 3}}
+        reverse: {extends: [other.yaml:mid, local]}
+    """
+    path = write(tmp_path, text, "tuned.yaml")
+    document = read_config_file(path)
+    tuned = resolve_section(document, "tuned", path)
+    assert tuned["optim"] == {"lr": 5e-4, "eps": 0.1, "optimizer": "Adam", "warmup": 3}
+    assert tuned["train"] == {"num_iters": 100, "seed": 7}
+    assert resolve_section(document, "reverse", path)["train"] == {"num_iters": 5, "seed": 7}
+
+
+def test_each_other_file_is_read_once(tmp_path, monkeypatch):
+    write(tmp_path, OTHER, "other.yaml")
+    path = write(tmp_path, "tuned: {extends: [other.yaml:base, ./other.yaml:mid]}\n", "tuned.yaml")
+    document = read_config_file(path)
+    reads: list[Path] = []
+
+    def counting_read(file: str | Path) -> dict:
+        reads.append(Path(file))
+        return read_config_file(file)
+
+    monkeypatch.setattr(yaml_source, "read_config_file", counting_read)
+    assert resolve_section(document, "tuned", path)["train"] == {"num_iters": 100, "seed": 7}
+    assert reads == [(tmp_path / "other.yaml").resolve()]
+
+
+def test_another_file_not_beside_the_including_file_is_found_as_yaml_config_would_be(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no vit_era5.yaml here either: the shipped one is meant
+    path = write(tmp_path, "tuned: {extends: vit_era5.yaml:tiny}\n", "tuned.yaml")
+    assert resolve_section(read_config_file(path), "tuned", path)["data"]["root"] == "data/era5_tiny"
+
+
+def test_missing_other_file_is_named(tmp_path):
+    path = write(tmp_path, "tuned: {extends: ../configs/nope.yaml:demo}\n", "tuned.yaml")
+    message = error_of(resolve_section, read_config_file(path), "tuned", path)
+    assert_names(
+        message,
+        f"{path}: config 'tuned' extends '../configs/nope.yaml:demo': no such file",
+        str(tmp_path.resolve()),
+    )
+
+
+def test_missing_config_of_other_file_is_named_with_a_suggestion(tmp_path):
+    other = write(tmp_path, OTHER, "other.yaml")
+    path = write(tmp_path, "tuned: {extends: other.yaml:bsae}\n", "tuned.yaml")
+    message = error_of(resolve_section, read_config_file(path), "tuned", path)
+    assert_names(message, str(path), str(other.resolve()), "'bsae'", "did you mean 'base'?", "base, mid")
+
+
+def test_inheritance_cycles_across_files_name_file_and_config(tmp_path):
+    a = write(tmp_path, "x: {extends: b.yaml:y}\n", "a.yaml")
+    b = write(tmp_path, "y: {extends: a.yaml:x}\n", "b.yaml")
+    message = error_of(resolve_section, read_config_file(a), "x", a)
+    assert message.endswith(f"configs inherit in a cycle: {a}:x -> {b.resolve()}:y -> {a}:x")
+
+
+def test_a_name_with_a_colon_but_no_yaml_suffix_is_a_config_of_the_same_file(tmp_path):
+    text = """
+        "opt:fast": {optim: {lr: 2.0}}
+        child: {extends: "opt:fast"}
+        orphan: {extends: "other.txt:base"}
+    """
+    path = write(tmp_path, text)
+    document = read_config_file(path)
+    assert resolve_section(document, "child", path) == {"optim": {"lr": 2.0}}
+    message = error_of(resolve_section, document, "orphan", path)
+    assert_names(message, str(path), "'orphan' extends 'other.txt:base', which is not defined")
+
+
+def test_run_config_of_a_tuned_file_inherits_every_other_value_of_tiny(tmp_path):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "tuned").mkdir()
+    original = tmp_path / "configs" / "vit_era5.yaml"
+    original.write_text((SHIPPED_CONFIGS / "vit_era5.yaml").read_text())
+    text = "tiny_tuned:\n  extends: ../configs/vit_era5.yaml:tiny\n  train: {enable_jit: true}\n"
+    tuned_path = write(tmp_path / "tuned", text, "tuned.yaml")
+    tiny = load_run_config(original, "tiny").to_dict()
+    tuned = load_run_config(tuned_path, "tiny_tuned").to_dict()
+    assert tiny["train"]["enable_jit"] is False and tuned["train"]["enable_jit"] is True
+    tuned["train"]["enable_jit"] = False
+    assert tuned == tiny
+
+
+def test_run_config_names_the_other_file_of_a_bad_flat_key(tmp_path):
+    other = write(tmp_path, "base: {lr: 1e-3, bogus_key: 1}\n", "other.yaml")
+    tuned_path = write(
+        tmp_path, "tuned: {extends: other.yaml:base, train: {enable_jit: true}}\n", "tuned.yaml"
+    )
+    message = error_of(load_run_config, tuned_path, "tuned")
+    assert_names(message, f"{other.resolve()} [config 'base']: unknown key 'bogus_key'")
 
 
 @pytest.mark.parametrize(("text", "kind"), [("base: [1, 2]\n", "list"), ("base: 5\n", "int")])

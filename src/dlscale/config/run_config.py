@@ -162,8 +162,9 @@ def load_run_config(
         raise ConfigError(f"{where}: {exc}") from None
     warned: set[str] = set()
 
-    def nest(section: dict[str, Any], name: str) -> dict[str, Any]:
-        return _nest_flat_keys(section, sections, config_location(str(yaml_path), name), warned)
+    def nest(section: dict[str, Any], name: str, source: str | Path) -> dict[str, Any]:
+        # source: the file this config is written in (a parent may be one of another file, FILE:NAME)
+        return _nest_flat_keys(section, sections, config_location(str(source), name), warned)
 
     # Flat keys go into their sections config by config, before inheritance merges them, so that a child
     # overrides its parent's key whichever style each of them is written in.

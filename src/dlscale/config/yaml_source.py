@@ -6,6 +6,11 @@ inherits from others with ``extends: base`` (or a list, merged left to right); Y
 parent's ``optim`` keys. (Plain YAML merge keys are shallow, which would silently reset every other key of a
 nested mapping to its default; for nested configs that is never what the author meant.)
 
+A parent may also be a config of another file: ``extends: ../configs/vit_era5.yaml:demo`` (``FILE:NAME``,
+where FILE ends in ``.yaml`` or ``.yml``) names config ``demo`` of that file, found relative to the directory
+of the file that holds the ``extends`` (else as ``--yaml_config`` would find it). Inside that file, names
+refer to its own configs. A tuned file can so change a few keys of a config and inherit everything else.
+
 Values are read with a safe loader that also reads ``5E-4`` and ``1e-3`` as numbers (YAML 1.1, and so plain
 PyYAML, reads them as strings) and expands ``${VAR}`` / ``${VAR:-default}`` in strings.
 
@@ -143,13 +148,20 @@ def locate_config_file(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if path.is_file():
         return path
-    shipped = SHIPPED_CONFIGS / path.name
-    if not path.is_absolute() and path.parent in (Path("."), Path("configs")) and shipped.is_file():
+    shipped = _shipped_candidate(path)
+    if shipped is not None and shipped.is_file():
         return shipped
     raise ConfigError(
         f"config file {path} does not exist (pass --yaml_config with the path of a YAML file; "
         f"dlscale ships {', '.join(shipped_config_names())}, usable by name from any directory)"
     )
+
+
+def _shipped_candidate(path: Path) -> Path | None:
+    """The shipped config file that ``path`` may name (``vit_era5.yaml``, ``configs/vit_era5.yaml``), if any."""
+    if path.is_absolute() or path.parent not in (Path("."), Path("configs")):
+        return None
+    return SHIPPED_CONFIGS / path.name
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -211,7 +223,10 @@ def _check_expanded_size(document: Any, source: str | Path) -> None:
     expanded_size(document, ())
 
 
-Normalizer = Callable[[dict[str, Any], str], dict[str, Any]]
+Normalizer = Callable[[dict[str, Any], str, str | Path], dict[str, Any]]
+
+# A parent `FILE:NAME` names a config of another file when FILE ends so; a same-file name never does.
+YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def resolve_section(
@@ -219,9 +234,10 @@ def resolve_section(
 ) -> dict[str, Any]:
     """Return config ``name`` with its ``extends`` chain merged in (deeply) and ``${VAR}`` expanded.
 
-    ``normalize(section, config_name)`` rewrites each config's own keys before it is merged with its parents
-    (the run config uses it to put flat tutorial-style keys into their sections, so that a child may override
-    a parent's key whichever style either is written in).
+    ``normalize(section, config_name, source)`` rewrites each config's own keys before it is merged with its
+    parents (the run config uses it to put flat tutorial-style keys into their sections, so that a child may
+    override a parent's key whichever style either is written in); ``source`` is the file that config is
+    written in, which differs from this ``source`` for a parent ``FILE:NAME`` of another file.
 
     A value reached through several YAML aliases is one shared object in the result, as in the file: copy
     it before changing it in place.
@@ -230,31 +246,97 @@ def resolve_section(
         raise ConfigError(
             f"{source}: no config named {name!r}{did_you_mean(name, document)}; it has: {', '.join(document)}"
         )
-    merged = _resolve(document, name, source, (), normalize or (lambda section, _: section))
+    resolver = _Resolver(normalize or (lambda section, _name, _source: section))
+    merged = resolver.resolve(resolver.add(source, document), name, ())
     return _expand_env(merged, source, name)
 
 
-def _resolve(
-    document: dict[str, Any], name: str, source: str | Path, chain: tuple[str, ...], normalize: Normalizer
-) -> dict[str, Any]:
-    if name in chain:
-        raise ConfigError(f"{source}: configs inherit in a cycle: {' -> '.join((*chain, name))}")
-    section = copy.deepcopy(document[name])
-    parents = section.pop(INHERIT_KEY, [])
-    if isinstance(parents, str):
-        parents = [parents]
-    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
-        raise ConfigError(
-            f"{source}: config {name!r}: '{INHERIT_KEY}' must be a config name or a list of names"
-        )
-    merged: dict[str, Any] = {}
-    for parent in parents:
-        if parent not in document:
+_Link = tuple[Path, str]  # a config: its file (resolved, absolute) and its name
+
+
+class _Resolver:
+    """One resolution of a config: the files read so far, each once, by resolved path."""
+
+    def __init__(self, normalize: Normalizer) -> None:
+        self.normalize = normalize
+        # resolved path -> (how messages name the file, its document)
+        self.files: dict[Path, tuple[str | Path, dict[str, Any]]] = {}
+
+    def add(self, source: str | Path, document: dict[str, Any]) -> Path:
+        """Register an already-read file; its key is its resolved path (so that two spellings are one file)."""
+        key = Path(source).resolve()
+        self.files.setdefault(key, (source, document))
+        return key
+
+    def resolve(self, key: Path, name: str, chain: tuple[_Link, ...]) -> dict[str, Any]:
+        source, document = self.files[key]
+        if (key, name) in chain:
             raise ConfigError(
-                f"{source}: config {name!r} extends {parent!r}, which is not defined{did_you_mean(parent, document)}"
+                f"{source}: configs inherit in a cycle: {self._describe((*chain, (key, name)))}"
             )
-        merged = deep_merge(merged, _resolve(document, parent, source, (*chain, name), normalize))
-    return deep_merge(merged, normalize(section, name))
+        section = copy.deepcopy(document[name])
+        parents = section.pop(INHERIT_KEY, [])
+        if isinstance(parents, str):
+            parents = [parents]
+        if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+            raise ConfigError(
+                f"{source}: config {name!r}: '{INHERIT_KEY}' must be a config name or a list of names"
+            )
+        merged: dict[str, Any] = {}
+        for parent in parents:
+            parent_key, parent_name = self._parent(key, name, parent)
+            merged = deep_merge(merged, self.resolve(parent_key, parent_name, (*chain, (key, name))))
+        return deep_merge(merged, self.normalize(section, name, source))
+
+    def _describe(self, chain: tuple[_Link, ...]) -> str:
+        """``a -> b -> a`` within one file; ``a.yaml:x -> b.yaml:y -> a.yaml:x`` across files."""
+        if len({key for key, _ in chain}) == 1:
+            return " -> ".join(name for _, name in chain)
+        return " -> ".join(f"{self.files[key][0]}:{name}" for key, name in chain)
+
+    def _parent(self, key: Path, name: str, parent: str) -> _Link:
+        """The config that ``parent`` (in config ``name`` of file ``key``) refers to."""
+        source, document = self.files[key]
+        file_part, sep, parent_name = parent.rpartition(":")
+        if not (sep and file_part.endswith(YAML_SUFFIXES)):
+            if parent not in document:
+                raise ConfigError(
+                    f"{source}: config {name!r} extends {parent!r}, which is not defined"
+                    f"{did_you_mean(parent, document)}"
+                )
+            return key, parent
+        other_key = self._read(source, name, parent, file_part)
+        other_source, other_document = self.files[other_key]
+        if parent_name not in other_document:
+            raise ConfigError(
+                f"{source}: config {name!r} extends {parent!r}: {other_source} has no config named "
+                f"{parent_name!r}{did_you_mean(parent_name, other_document)}; it has: {', '.join(other_document)}"
+            )
+        return other_key, parent_name
+
+    def _read(self, source: str | Path, name: str, parent: str, file_part: str) -> Path:
+        """Find and read (once) the file ``file_part`` that config ``name`` of ``source`` refers to."""
+        relative = Path(file_part).expanduser()
+        beside = Path(source).parent / relative  # relative to the including file, wherever we run from
+        if beside.is_file():
+            path = beside
+        else:
+            try:
+                path = locate_config_file(relative)
+            except ConfigError:
+                places = [str(Path(source).parent.resolve())]
+                if not relative.is_absolute():
+                    places.append(f"the current directory {Path.cwd()}")
+                if _shipped_candidate(relative) is not None:
+                    places.append(f"dlscale's shipped configs {SHIPPED_CONFIGS}")
+                raise ConfigError(
+                    f"{source}: config {name!r} extends {parent!r}: no such file (looked in "
+                    f"{', '.join(places[:-1])}{' and ' if len(places) > 1 else ''}{places[-1]})"
+                ) from None
+        key = path.resolve()
+        if key not in self.files:
+            self.files[key] = (key, read_config_file(key))
+        return key
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
