@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_session.sh ladder [RUNGS]   # the ladder -> benchmarks/results/ (or $OUT); at full size
 #       it may not fit one 10-minute call: run it in parts, e.g. `ladder baseline,workers,gpu_pipeline` then
 #       `ladder amp_fp16,amp_bf16,fused,compile,cuda_graphs`; the parts merge into one table
+#   bash benchmarks/gpu_session.sh tune [MINUTES]   # dlscale tune of `short` on the ladder's data (default 8
+#       minutes per call; call it again to continue from its cache) -> $RESULTS/<date>-gpu-tune-short.*
 # The machine has torch but no network: dlscale runs from the checkout (PYTHONPATH=src).
 set -euo pipefail
 export PYTHONPATH=src
@@ -22,8 +24,12 @@ case "${1:-}" in
   ladder)
     python3 benchmarks/ladder.py --data "$DATA" --out "$RESULTS" ${2:+--rungs "$2"}
     ;;
+  tune)
+    python3 -m dlscale tune --yaml_config configs/vit_era5.yaml --config short --set "data.root=$DATA" \
+      --budget "${2:-8}" --out "$RESULTS/$(date +%F)-gpu-tune-short.yaml"
+    ;;
   *)
-    echo "usage: $0 tests|data|ladder" >&2
+    echo "usage: $0 tests|data|ladder|tune" >&2
     exit 2
     ;;
 esac

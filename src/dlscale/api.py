@@ -30,6 +30,9 @@ from dlscale.run.process_group import distributed_run
 from dlscale.run.training import train_and_summarize
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import detect_process
+from dlscale.tune.climb import TuneOptions
+from dlscale.tune.run_backend import ConfigSource, TrialLengths
+from dlscale.tune.session import TuneOutputs, default_out, run_tune
 from dlscale.workloads import Workload, use_workload
 
 
@@ -84,3 +87,23 @@ def bench_config(cfg: RunConfig, output: Path | None = None, command: str | None
         results = bench_one_config(cfg, output, command)
         ending.alike = True
         return results
+
+
+def tune(
+    yaml_config: str | Path = DEFAULT_YAML,
+    config: str = "base",
+    overrides: Sequence[str] = (),
+    out: str | Path | None = None,
+    budget_minutes: float = 30.0,
+    loss_tolerance: float = 0.05,
+    **keys: Any,
+) -> TuneOutputs:
+    """``dlscale tune``: climb the optimization ladder from a config and write the tuned YAML (default
+    ``tuned/<config>_tuned.yaml``), its table, plot and record (rank 0 writes; every rank gets the climb).
+    The same call again continues an interrupted tune from its cache."""
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    source = ConfigSource(str(yaml_config), config, tuple(overrides), keys)
+    path = Path(out).expanduser() if out is not None else default_out(config)
+    options = TuneOptions(budget_s=budget_minutes * 60, loss_tolerance=loss_tolerance)
+    return run_tune(source, path, options, TrialLengths(), f"dlscale.tune({config!r})")

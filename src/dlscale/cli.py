@@ -25,6 +25,7 @@ from dlscale.commands.options import (
     add_monitor_arguments,
     add_plan_arguments,
     add_scaling_arguments,
+    add_tune_arguments,
 )
 from dlscale.errors import DlscaleError
 from dlscale.version import __version__
@@ -94,6 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(bench)
     add_flag_arguments(bench, TRAINING_FLAG_GROUPS)
     add_bench_arguments(bench)  # the sweep, the trials' flags and the output
+
+    tune = commands.add_parser(
+        "tune",
+        help="climb the optimization ladder automatically: trials, verdict, knobs kept only when faster beyond "
+        "the noise (and numerically the same); writes the tuned config",
+    )
+    tune.set_defaults(run="dlscale.commands.tune:run_tune_command")
+    add_config_arguments(tune)
+    add_flag_arguments(tune, TRAINING_FLAG_GROUPS)
+    add_tune_arguments(tune)
 
     scaling = commands.add_parser(
         "scaling", help="weak/strong scaling table and plot from bench results at several GPU counts"

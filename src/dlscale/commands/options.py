@@ -88,3 +88,61 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"memory of one GPU in GB of 2^30 bytes (default {DEFAULT_GPU_MEMORY_GB:g})",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write every row as JSON to FILE")
+
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dlscale tune`` (the parser already has the config arguments and the tutorials' flags)."""
+    group = parser.add_argument_group("tune")
+    group.add_argument(
+        "--budget",
+        type=float,
+        default=30.0,
+        metavar="MINUTES",
+        help="wall time of this invocation: no trial starts that would end after it (default 30)",
+    )
+    group.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE",
+        help="the tuned YAML to write (default tuned/<config>_tuned.yaml); the table (.md), plot (.png), record "
+        "(.json) and the cache of finished trials (<stem>_trials/) go beside it, so running the same command "
+        "again continues an interrupted tune",
+    )
+    group.add_argument(
+        "--loss_tolerance",
+        type=float,
+        default=0.05,
+        metavar="FRACTION",
+        help="a knob that changes the numerics is kept only if the check's validation loss is within this "
+        "relative difference of the starting config's (default 0.05)",
+    )
+    group.add_argument(
+        "--check_steps",
+        type=int,
+        default=40,
+        metavar="N",
+        help="optimizer steps of the numerics check at the starting batch size (same samples at another batch)",
+    )
+    group.add_argument(
+        "--min_gain",
+        type=float,
+        default=0.02,
+        metavar="FRACTION",
+        help="a change faster beyond the noise is kept only if it gains at least this (default 0.02)",
+    )
+    group.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a setting no knob may change, e.g. amp_mode (numerically sensitive model) or enable_jit; repeatable",
+    )
+    group.add_argument("--ntrials", type=int, default=3, help="recorded trials per measurement (default 3)")
+    group.add_argument("--nbatches", type=int, default=20, help="timed batches per trial (default 20)")
+    group.add_argument("--nwarmup", type=int, default=1, help="unrecorded warm-up trials (default 1)")
+    group.add_argument(
+        "--no-confirm",
+        dest="confirm",
+        action="store_false",
+        help="skip the last measurement of the start and the result side by side",
+    )

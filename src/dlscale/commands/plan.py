@@ -23,18 +23,14 @@ from typing import Any
 
 from dlscale.config import load_run_config
 from dlscale.config.run_config import RunConfig
-from dlscale.errors import ConfigError, InvalidValue
+from dlscale.errors import InvalidValue
 from dlscale.models.vit_config import ViTConfig
 from dlscale.perf.layout_cost import GIB, Layout, ModelShape, TrainingSettings, count_parameters_per_gpu
 from dlscale.perf.memory_plan import LayoutEstimate, Plan, model_shape_of, plan, tutorial_comparisons
-from dlscale.perf.traced_layouts import OptimizerMemory
-from dlscale.perf.traced_memory import TensorSpec
-from dlscale.perf.traced_plan import plan_data_parallel
 from dlscale.perf.traced_report import TracedPlanContext, traced_plan_document, traced_plan_report
-from dlscale.run.assembly import batch_sizes
+from dlscale.run.config_plan import traced_plan_of
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
-from dlscale.workloads import get_workload
 from dlscale.workloads.protocol import Workload
 
 COLUMNS = (
@@ -81,38 +77,16 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
 def run_traced_plan(args: argparse.Namespace, cfg: RunConfig) -> int:
     """The data-parallel plan of a workload without an analytic cost model, from a trace of its step."""
-    workload = get_workload(cfg.workload).configured(cfg.model, cfg.data)
-    first = workload.build_datasets(cfg.data)["train"][0]  # a missing data set names its path here
-    sample = (TensorSpec.of(first[0]), TensorSpec.of(first[1]))
-    try:
-        global_batch, local_batch = batch_sizes(cfg, args.gpus)
-        problem = ""
-    except ConfigError as error:  # every row then says so
-        global_batch, local_batch, problem = cfg.train.global_batch_size, None, str(error)
-    optimizer = OptimizerMemory(cfg.optim.optimizer, cfg.optim.momentum)
-    result = plan_data_parallel(
-        lambda: workload.build_model(cfg.model, cfg.data),
-        sample,
-        workload.loss,
-        local_batch=local_batch,
-        batch_problem=problem,
-        gpus=args.gpus,
-        gpu_memory_gb=args.gpu_memory_gb,
-        amp_mode=cfg.train.amp_mode,
-        optimizer=optimizer,
-        units_of=workload.fsdp_units,
-        gradient_as_bucket_view=cfg.parallel.gradient_as_bucket_view,
-        requested=cfg.parallel.data_parallel,
-        compiled=cfg.train.enable_jit,
-    )
+    planned = traced_plan_of(cfg, args.gpus, args.gpu_memory_gb)
+    result, workload = planned.plan, planned.workload
     context = TracedPlanContext(
         config=cfg.name,
         source=str(cfg.source),
         workload=cfg.workload,
-        sample=sample,
-        global_batch=global_batch,
+        sample=planned.sample,
+        global_batch=planned.global_batch,
         amp_mode=cfg.train.amp_mode,
-        optimizer=optimizer,
+        optimizer=planned.optimizer,
         model_parallel=model_parallel_line(workload, cfg),
     )
     for line in traced_plan_report(result, context):

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dlscale.runtime.device import Device
-from dlscale.runtime.distributed import start_process_group, stop_process_group
+from dlscale.runtime.distributed import process_group_running, start_process_group, stop_process_group
 from dlscale.runtime.launch import ProcessInfo
 
 
@@ -27,9 +27,13 @@ def distributed_run(process: ProcessInfo, device: Device, timeout_s: float) -> I
     rank 0, which hosts the rendezvous store, alive until every rank has left: a rank still leaving when rank
     0's process exits can wait for the store until the timeout.
     """
+    # A command that runs several runs in one group (``dlscale tune`` trains and benches inside its own) keeps
+    # it: only the run that started the group stops it.
+    owner = not process_group_running()
     start_process_group(process, device, timeout_s)
     ending = RankEnding()
     try:
         yield ending
     finally:
-        stop_process_group(wait_for_others=ending.alike)
+        if owner:
+            stop_process_group(wait_for_others=ending.alike)

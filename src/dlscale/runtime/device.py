@@ -112,6 +112,22 @@ class Device:
         except Exception:  # no NVML library or package: the version is a nice-to-have in reports
             return None
 
+    def memory_capacity_gb(self) -> float:
+        """Memory a run can use: the GPU's total, or on the CPU the host memory available now (2^30 bytes)."""
+        if self.is_gpu:
+            return torch.cuda.get_device_properties(self.torch).total_memory / 1024**3
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 1024**3
+
+    @property
+    def computes_bf16(self) -> bool:
+        """Whether bfloat16 math runs natively (Ampere and later GPUs; CPUs emulate it, slowly but correctly)."""
+        return torch.cuda.is_bf16_supported() if self.is_gpu else True
+
+    @staticmethod
+    def is_out_of_memory(error: BaseException) -> bool:
+        """Whether ``error`` is the device (or the host) running out of memory, which a smaller batch avoids."""
+        return isinstance(error, (torch.OutOfMemoryError, MemoryError))
+
     def memory_peaks(self) -> dict[str, float]:
         """Peak memory since the last :meth:`reset_peak_memory`, in GB.
 

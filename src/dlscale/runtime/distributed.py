@@ -94,10 +94,19 @@ def _broadcast_from_main(code: int, data: bytes, device: Device) -> tuple[int, b
     code, length = (int(v) for v in header.tolist())
     if length == 0:
         return code, b""
-    payload = torch.tensor(list(data), dtype=torch.uint8) if data else torch.zeros(length, dtype=torch.uint8)
+    # The other ranks receive into a buffer of rank 0's length, whatever their own (different) text was.
+    if dist.get_rank() == 0:
+        payload = torch.tensor(list(data), dtype=torch.uint8)
+    else:
+        payload = torch.zeros(length, dtype=torch.uint8)
     payload = payload.to(device.torch)
     dist.broadcast(payload, src=0)
     return code, bytes(payload.cpu().tolist())
+
+
+def process_group_running() -> bool:
+    """Whether this process has joined a process group (of any size) that is still up."""
+    return dist.is_available() and dist.is_initialized()
 
 
 def is_distributed() -> bool:

@@ -1,0 +1,146 @@
+"""How sure a throughput comparison is: confidence intervals of repeated trials, not one mean against another.
+
+Trials of the same config scatter by a few percent on a quiet GPU node and by tens of percent on a shared CPU,
+so "B's mean is higher than A's" says little. Two statistics answer better:
+
+* the interval of one config's mean samples/s: mean +- t * s / sqrt(n), with s the trials' sample standard
+  deviation and t Student's 97.5 % quantile for n - 1 degrees of freedom (a 95 % interval);
+* the interval of the speed-up of a candidate over an incumbent: Welch's interval of the difference of the two
+  means (the two configs may scatter differently), divided by the incumbent's mean. Dividing by the estimated
+  mean rather than the true one makes the ratio's interval a little too narrow when the incumbent itself
+  scatters a lot; with a handful of trials of a few percent scatter the error is far below the interval's width.
+
+A change counts as **faster** only when the whole interval of its speed-up lies above 1 and its estimate gains
+at least ``min_gain`` (a 1 % gain is real sometimes but not worth a knob); **slower** when the whole interval
+lies below 1; otherwise the trials cannot tell (**within noise**), and more trials might.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+# Student's t, 97.5 % quantile (two-sided 95 %), for 1..30 degrees of freedom.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+_Z975 = 1.959964
+
+Outcome = Literal["faster", "slower", "within noise"]
+
+
+def t_quantile_975(degrees_of_freedom: float) -> float:
+    """Student's t 97.5 % quantile; a fractional df (Welch's) is rounded down, which widens the interval."""
+    if not degrees_of_freedom >= 1:
+        return math.inf  # one trial says nothing about the scatter
+    df = math.floor(degrees_of_freedom)
+    if df <= len(_T975):
+        return _T975[df - 1]
+    # Beyond the table: the normal quantile plus the first two terms of the Cornish-Fisher expansion in 1/df
+    # (error < 0.001 from df 31 on; the first term alone is 0.003 short at df 31).
+    z = _Z975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def _mean_and_variance(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and unbiased sample variance (nan for one value)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("no trials")
+    mean = sum(values) / n
+    variance = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else math.nan
+    return mean, variance
+
+
+@dataclass(frozen=True)
+class MeanInterval:
+    """A 95 % confidence interval of the mean of repeated trials."""
+
+    mean: float
+    low: float
+    high: float
+    trials: int
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def describe(self, unit: str = "samples/s") -> str:
+        """'123.4 +- 2.1 samples/s (95% CI, 3 trials)'."""
+        if not math.isfinite(self.half_width):
+            return f"{self.mean:.1f} {unit} (1 trial: no interval)"
+        return f"{self.mean:.1f} +- {self.half_width:.1f} {unit} (95% CI, {self.trials} trials)"
+
+
+def mean_interval(values: Sequence[float]) -> MeanInterval:
+    """The mean of ``values`` and its 95 % interval (infinite with one value)."""
+    mean, variance = _mean_and_variance(values)
+    if len(values) < 2:
+        return MeanInterval(mean, -math.inf, math.inf, len(values))
+    half = t_quantile_975(len(values) - 1) * math.sqrt(variance / len(values))
+    return MeanInterval(mean, mean - half, mean + half, len(values))
+
+
+@dataclass(frozen=True)
+class SpeedComparison:
+    """A candidate's speed-up over an incumbent: the ratio of their mean throughputs and its 95 % interval."""
+
+    ratio: float
+    low: float
+    high: float
+    outcome: Outcome
+    min_gain: float
+
+    @property
+    def could_gain(self) -> bool:
+        """Within noise, but the estimate alone would be a worthwhile gain: more trials could confirm it."""
+        return (
+            self.outcome == "within noise" and self.ratio >= 1 + self.min_gain and self.low <= 1 < self.high
+        )
+
+    def describe(self) -> str:
+        """'1.32x (95% CI 1.25x-1.40x): faster'."""
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            interval = "no interval: too few trials"
+        else:
+            interval = f"95% CI {self.low:.2f}x-{self.high:.2f}x"
+        text = f"{self.ratio:.2f}x ({interval}): {self.outcome}"
+        if self.outcome == "within noise" and self.low > 1:
+            text += f" (a gain below the {self.min_gain:.0%} worth keeping)"
+        return text
+
+    def to_json(self) -> dict[str, object]:
+        return {"ratio": self.ratio, "low": self.low, "high": self.high, "outcome": self.outcome}
+
+
+def compare_throughputs(
+    candidate: Sequence[float], incumbent: Sequence[float], min_gain: float = 0.02
+) -> SpeedComparison:
+    """Whether ``candidate``'s trials (samples/s) are faster than ``incumbent``'s beyond their noise."""
+    mean_c, var_c = _mean_and_variance(candidate)
+    mean_i, var_i = _mean_and_variance(incumbent)
+    if mean_i <= 0:
+        raise ValueError(f"the incumbent's mean throughput must be > 0, got {mean_i}")
+    ratio = mean_c / mean_i
+    if len(candidate) < 2 or len(incumbent) < 2:
+        return SpeedComparison(ratio, -math.inf, math.inf, "within noise", min_gain)
+    se_c, se_i = var_c / len(candidate), var_i / len(incumbent)
+    standard_error = math.sqrt(se_c + se_i)
+    if standard_error == 0:  # identical trials (a fake clock): the means are exact
+        low = high = ratio
+    else:
+        # Welch-Satterthwaite degrees of freedom of the difference of two means with unequal variances.
+        df = (se_c + se_i) ** 2 / (se_c**2 / (len(candidate) - 1) + se_i**2 / (len(incumbent) - 1))
+        half = t_quantile_975(df) * standard_error
+        low, high = 1 + (mean_c - mean_i - half) / mean_i, 1 + (mean_c - mean_i + half) / mean_i
+    if low > 1 and ratio >= 1 + min_gain:
+        outcome: Outcome = "faster"
+    elif high < 1:
+        outcome = "slower"
+    else:
+        outcome = "within noise"
+    return SpeedComparison(ratio, low, high, outcome, min_gain)

@@ -1,0 +1,55 @@
+"""The traced memory plan of a whole config (any workload): ``dlscale plan`` prints it, ``dlscale tune`` bounds
+its batch size by it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlscale.config import RunConfig
+from dlscale.errors import ConfigError
+from dlscale.perf.traced_layouts import OptimizerMemory
+from dlscale.perf.traced_memory import TensorSpec
+from dlscale.perf.traced_plan import TracedPlan, plan_data_parallel
+from dlscale.run.assembly import batch_sizes
+from dlscale.workloads import get_workload
+from dlscale.workloads.protocol import Workload
+
+
+@dataclass(frozen=True)
+class ConfigPlan:
+    """The plan and what it was made from."""
+
+    plan: TracedPlan
+    workload: Workload
+    sample: tuple[TensorSpec, TensorSpec]
+    global_batch: int
+    optimizer: OptimizerMemory
+
+
+def traced_plan_of(cfg: RunConfig, gpus: int, gpu_memory_gb: float) -> ConfigPlan:
+    """The data-parallel layouts of ``cfg`` on ``gpus`` GPUs of ``gpu_memory_gb``, from a trace of its step."""
+    workload = get_workload(cfg.workload).configured(cfg.model, cfg.data)
+    first = workload.build_datasets(cfg.data)["train"][0]  # a missing data set names its path here
+    sample = (TensorSpec.of(first[0]), TensorSpec.of(first[1]))
+    try:
+        global_batch, local_batch = batch_sizes(cfg, gpus)
+        problem = ""
+    except ConfigError as error:  # every row then says so
+        global_batch, local_batch, problem = cfg.train.global_batch_size, None, str(error)
+    optimizer = OptimizerMemory(cfg.optim.optimizer, cfg.optim.momentum)
+    plan = plan_data_parallel(
+        lambda: workload.build_model(cfg.model, cfg.data),
+        sample,
+        workload.loss,
+        local_batch=local_batch,
+        batch_problem=problem,
+        gpus=gpus,
+        gpu_memory_gb=gpu_memory_gb,
+        amp_mode=cfg.train.amp_mode,
+        optimizer=optimizer,
+        units_of=workload.fsdp_units,
+        gradient_as_bucket_view=cfg.parallel.gradient_as_bucket_view,
+        requested=cfg.parallel.data_parallel,
+        compiled=cfg.train.enable_jit,
+    )
+    return ConfigPlan(plan, workload, sample, global_batch, optimizer)

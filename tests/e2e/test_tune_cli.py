@@ -1,0 +1,120 @@
+"""`dlscale tune` end to end on the tiny config: the climb, its outputs, the tuned config trains, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlscale.cli import main
+from dlscale.config import load_run_config
+from dlscale.config.run_config import SECTION_ORDER
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG_FILE = REPO / "configs" / "vit_era5.yaml"
+
+
+def _tune(tiny_era5: Path, out: Path, *extra: str) -> int:
+    return main(
+        [
+            "tune", "--yaml_config", str(CONFIG_FILE), "--config", "tiny", "--set", f"data.root={tiny_era5}",
+            "--out", str(out), "--budget", "10", "--nbatches", "3", "--ntrials", "2", "--check_steps", "4",
+            *extra,
+        ]
+    )  # fmt: skip
+
+
+def _differing_keys(first: dict, second: dict) -> dict[str, dict]:
+    return {
+        section: {k: v for k, v in second[section].items() if first[section][k] != v}
+        for section in SECTION_ORDER
+        if any(first[section][k] != v for k, v in second[section].items())
+    }
+
+
+@pytest.fixture(scope="module")
+def tuned(tiny_era5: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tune") / "tuned" / "tiny_tuned.yaml"
+    assert _tune(tiny_era5, out, "--num_data_workers", "0") == 0
+    return out
+
+
+def test_tune_writes_a_config_that_extends_the_original_with_only_the_changed_keys(tuned, tiny_era5):
+    document = yaml.safe_load(tuned.read_text())
+    assert list(document) == ["tiny_tuned"]
+    section = document["tiny_tuned"]
+    assert section["extends"].endswith("vit_era5.yaml:tiny")
+    record = json.loads(tuned.with_suffix(".json").read_text())
+    original = load_run_config(CONFIG_FILE, "tiny").to_dict()
+    written = load_run_config(tuned, "tiny_tuned").to_dict()
+    # Exactly the command line's own keys and the kept knobs differ from the original, no other.
+    differing = _differing_keys(original, written)
+    assert {k: v for k, v in section.items() if k != "extends"} == differing
+    assert differing["data"] == {"root": str(tiny_era5)}
+    kept = [trial for trial in record["trials"] if trial["decision"] == "kept"]
+    for trial in kept:
+        for key, value in trial["change"].items():
+            if key != "train.local_batch_size":
+                section_name, name = key.split(".")
+                assert written[section_name][name] == value
+    # tiny asks for the global batch: a kept batch is written in its spelling, times the one replica.
+    batch = [t["change"]["train.local_batch_size"] for t in kept if "train.local_batch_size" in t["change"]]
+    if batch:
+        assert written["train"]["global_batch_size"] == batch[-1]
+        assert written["train"]["local_batch_size"] is None
+
+
+def test_tune_record_table_and_plot_describe_every_trial(tuned):
+    record = json.loads(tuned.with_suffix(".json").read_text())
+    assert record["start"]["measurement"]["status"] == "ok"
+    assert len(record["start"]["measurement"]["throughputs"]["FULL"]) == 2  # --ntrials 2
+    decisions = {trial["label"]: trial["decision"] for trial in record["trials"]}
+    # On a CPU the GPU-only knobs are listed as skipped, never measured.
+    assert (
+        "needs a GPU" in decisions.values()
+    )  # CUDA graphs, or compile's reduce-overhead once compile is kept
+    assert all(
+        trial["measurement"] is None for trial in record["trials"] if trial["decision"] == "needs a GPU"
+    )
+    assert record["trials"][0]["label"] == "optim.enable_fused=true"  # compute-bound: the cheapest knob first
+    assert record["stop_reason"]
+    table = tuned.with_suffix(".md").read_text()
+    for label in decisions:
+        assert f"`{label}`" in table
+    assert tuned.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tuned_config_trains(tuned, tmp_path):
+    assert main(
+        ["train", "--yaml_config", str(tuned), "--config", "tiny_tuned", "--expdir", str(tmp_path), "--num_epochs", "1"]
+    ) == 0  # fmt: skip
+    summary = json.loads((tmp_path / "tiny_tuned" / "00" / "summary.json").read_text())
+    assert summary["outcome"] == "finished"
+    written = load_run_config(tuned, "tiny_tuned")
+    assert summary["global_batch_size"] == written.train.global_batch_size
+
+
+def test_running_the_same_tune_again_continues_from_its_cache(tuned, tiny_era5, monkeypatch):
+    record = json.loads(tuned.with_suffix(".json").read_text())
+    # Every trial is in the cache: a second run measures and trains nothing.
+    import dlscale.tune.run_backend as backend
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a cached trial was run again")
+
+    monkeypatch.setattr(backend, "bench_one_config", must_not_run)
+    monkeypatch.setattr(backend, "train_and_summarize", must_not_run)
+    assert _tune(tiny_era5, tuned, "--num_data_workers", "0") == 0
+    again = json.loads(tuned.with_suffix(".json").read_text())
+    assert [(t["label"], t["decision"]) for t in again["trials"]] == [
+        (t["label"], t["decision"]) for t in record["trials"]
+    ]
+
+
+def test_bad_tune_options_are_one_clear_error(tiny_era5, tmp_path, capsys):
+    assert _tune(tiny_era5, tmp_path / "t.yaml", "--budget", "0") == 2
+    assert "--budget" in capsys.readouterr().err
+    assert _tune(tiny_era5, tmp_path / "t.txt") == 2
+    assert ".yaml" in capsys.readouterr().err

@@ -1,0 +1,134 @@
+"""Confidence intervals of repeated throughput trials and the comparison of two configs' speeds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dlscale.perf.trial_statistics import compare_throughputs, mean_interval, t_quantile_975
+
+
+@pytest.mark.parametrize(
+    ("df", "expected"),
+    [
+        (1, 12.706),
+        (2, 4.303),
+        (10, 2.228),
+        (30, 2.042),
+        (31, 2.0395),
+        (40, 2.0211),
+        (60, 2.0003),
+        (120, 1.9799),
+    ],
+)
+def test_t_quantile_matches_known_values(df: int, expected: float) -> None:
+    assert t_quantile_975(df) == pytest.approx(expected, abs=0.001)
+
+
+def test_t_quantile_rounds_fractional_df_down_and_is_infinite_below_one() -> None:
+    assert t_quantile_975(2.9) == t_quantile_975(2)
+    assert t_quantile_975(0.5) == math.inf
+    assert t_quantile_975(0) == math.inf
+    assert t_quantile_975(100_000) == pytest.approx(1.95996, abs=0.0001)
+
+
+def test_mean_interval_by_hand() -> None:
+    # mean 12, s = 2, se = 2 / sqrt(3), t(2) = 4.303
+    interval = mean_interval([10.0, 12.0, 14.0])
+    half = 4.303 * 2 / math.sqrt(3)
+    assert interval.mean == pytest.approx(12.0)
+    assert interval.low == pytest.approx(12.0 - half)
+    assert interval.high == pytest.approx(12.0 + half)
+    assert interval.half_width == pytest.approx(half)
+    assert interval.trials == 3
+    assert "3 trials" in interval.describe()
+
+
+def test_mean_interval_of_one_trial_is_infinite_and_of_none_raises() -> None:
+    interval = mean_interval([5.0])
+    assert (interval.mean, interval.low, interval.high) == (5.0, -math.inf, math.inf)
+    assert "no interval" in interval.describe()
+    with pytest.raises(ValueError):
+        mean_interval([])
+
+
+def test_welch_interval_by_hand() -> None:
+    # candidate mean 112, var 4; incumbent mean 101, var 1; Welch df 2.94 -> t(2) = 4.303
+    comparison = compare_throughputs([110.0, 112.0, 114.0], [100.0, 101.0, 102.0])
+    half = 4.303 * math.sqrt(4 / 3 + 1 / 3)
+    assert comparison.ratio == pytest.approx(112 / 101)
+    assert comparison.low == pytest.approx(1 + (11 - half) / 101)
+    assert comparison.high == pytest.approx(1 + (11 + half) / 101)
+    assert comparison.outcome == "faster"
+
+
+def test_clearly_faster() -> None:
+    comparison = compare_throughputs([130.0, 131.0, 129.0], [100.0, 101.0, 99.0])
+    assert comparison.outcome == "faster"
+    assert comparison.ratio == pytest.approx(1.3)
+    assert 1 < comparison.low < 1.3 < comparison.high
+    assert not comparison.could_gain
+    assert comparison.describe().endswith(": faster")
+
+
+def test_clearly_slower() -> None:
+    comparison = compare_throughputs([100.0, 101.0, 99.0], [130.0, 131.0, 129.0])
+    assert comparison.outcome == "slower"
+    assert comparison.high < 1
+    assert not comparison.could_gain
+
+
+def test_overlapping_trials_are_within_noise() -> None:
+    comparison = compare_throughputs([101.0, 111.0, 91.0], [100.0, 110.0, 90.0])
+    assert comparison.outcome == "within noise"
+    assert comparison.low < 1 < comparison.high
+    assert not comparison.could_gain  # a 1 % estimate: not worth more trials
+    behind = compare_throughputs([99.0, 109.0, 89.0], [100.0, 110.0, 90.0])
+    assert behind.ratio < 1 < behind.high
+    assert behind.outcome == "within noise"  # not slower: the interval reaches above 1
+
+
+def test_faster_beyond_noise_but_below_min_gain_is_within_noise() -> None:
+    comparison = compare_throughputs([101.0, 101.1, 100.9], [100.0, 100.1, 99.9], min_gain=0.02)
+    assert comparison.low > 1  # the gain is real ...
+    assert comparison.outcome == "within noise"  # ... but not worth a knob
+    assert not comparison.could_gain  # and more trials would not make it worth one
+    assert "below the 2%" in comparison.describe()
+    assert (
+        compare_throughputs([101.0, 101.1, 100.9], [100.0, 100.1, 99.9], min_gain=0.005).outcome == "faster"
+    )
+
+
+def test_a_single_trial_is_within_noise_with_an_infinite_interval() -> None:
+    comparison = compare_throughputs([130.0], [100.0, 101.0, 99.0])
+    assert comparison.outcome == "within noise"
+    assert (comparison.low, comparison.high) == (-math.inf, math.inf)
+    assert comparison.ratio == pytest.approx(1.3)
+    assert comparison.could_gain  # a second measurement could confirm it
+    assert "too few trials" in comparison.describe()
+    assert compare_throughputs([130.0, 131.0], [100.0]).outcome == "within noise"
+
+
+def test_identical_trials_with_zero_variance() -> None:
+    same = compare_throughputs([100.0] * 3, [100.0] * 3)
+    assert (same.ratio, same.low, same.high, same.outcome) == (1.0, 1.0, 1.0, "within noise")
+    assert not same.could_gain
+    faster = compare_throughputs([120.0] * 3, [100.0] * 3)
+    assert (faster.low, faster.high, faster.outcome) == (pytest.approx(1.2), pytest.approx(1.2), "faster")
+    slower = compare_throughputs([80.0] * 3, [100.0] * 3)
+    assert slower.outcome == "slower"
+
+
+def test_could_gain_only_for_a_worthwhile_estimate_within_noise() -> None:
+    wide = compare_throughputs([100.0, 115.0, 115.0], [100.0, 100.5, 99.5])  # 1.10x, wide interval
+    assert wide.outcome == "within noise"
+    assert wide.could_gain
+    small = compare_throughputs([100.0, 111.0, 92.0], [100.0, 100.5, 99.5])  # 1.01x: not worth a knob
+    assert small.outcome == "within noise"
+    assert not small.could_gain
+
+
+def test_incumbent_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        compare_throughputs([1.0, 2.0], [0.0, 0.0])
