@@ -1,10 +1,11 @@
-"""The Python API: what ``dlscale train`` and ``dlscale bench`` do, for notebooks and scripts.
+"""The Python API: what ``dlscale train``, ``bench`` and ``tune`` do, for notebooks and scripts.
 
     import dlscale
 
     summary = dlscale.train("heat2d", "examples/heat2d/heat2d.yaml", "demo", overrides=["optim.lr=1e-3"])
     print(summary["final"]["val_loss"])
     results = dlscale.bench("heat2d", "examples/heat2d/heat2d.yaml", "demo", nbatches=20)
+    tuned = dlscale.tune("configs/vit_era5.yaml", "demo", budget_minutes=20)   # tuned.tuned_yaml, .result
 
 ``workload`` is what the config's ``workload:`` key would say (a built-in name, an installed package's name, an
 import path ``package.module:OBJECT``), a workload object itself (one defined in the notebook), or None for the

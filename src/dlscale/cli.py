@@ -2,6 +2,7 @@
 
 dlscale train --yaml_config configs/vit_era5.yaml --config short [--set optim.lr=1e-3] [tutorial flags]
 dlscale bench --yaml_config configs/vit_era5.yaml --config short [--sweep num_data_workers=0,2,4]
+dlscale tune --yaml_config configs/vit_era5.yaml --config short --budget 60   # climb the ladder, write the tuned config
 dlscale data synth-era5 --out data/era5_demo --preset demo
 dlscale config --yaml_config configs/vit_era5.yaml --config short     # the resolved config
 dlscale info                                                           # versions and device

@@ -118,3 +118,22 @@ def test_bad_tune_options_are_one_clear_error(tiny_era5, tmp_path, capsys):
     assert "--budget" in capsys.readouterr().err
     assert _tune(tiny_era5, tmp_path / "t.txt") == 2
     assert ".yaml" in capsys.readouterr().err
+
+
+def test_a_start_that_cannot_run_is_one_line_naming_the_cause(tmp_path, capsys):
+    assert _tune(tmp_path / "no_such_data", tmp_path / "t.yaml") != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "could not be measured" in err[0] and "no_such_data" in err[0]
+    assert not (tmp_path / "t.yaml").exists()
+
+
+def test_an_unwritable_output_is_a_storage_error_before_any_trial(tiny_era5, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert _tune(tiny_era5, blocker / "tuned.yaml") == 74
+    assert "a_file" in capsys.readouterr().err
+
+
+def test_skip_names_a_tunable_setting(tiny_era5, tmp_path, capsys):
+    assert _tune(tiny_era5, tmp_path / "t.yaml", "--skip", "num_iters") == 2
+    assert "no setting the tune changes" in capsys.readouterr().err

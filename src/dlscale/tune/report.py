@@ -130,17 +130,15 @@ def tune_figure(result: TuneResult, title: str) -> Figure:
     points += [(t.number, t.candidate.label, t.measurement, t.decision) for t in result.trials]
     climb_x, climb_y = [], []
     for x, _label, measurement, decision in points:
-        if measurement is None or not measurement.full:
+        if measurement is None or not measurement.full:  # not measured: say why at the foot of its column
             axis.annotate(
-                decision,
-                (x, 0),
+                decision.replace(" ", "\n", 1),
+                (x, 0.02),
                 xycoords=("data", "axes fraction"),
-                xytext=(0, 4),
-                textcoords="offset points",
                 ha="center",
+                va="bottom",
                 fontsize=7,
                 color="0.4",
-                rotation=90,
             )
             continue
         interval = mean_interval(measurement.full)
@@ -187,7 +185,13 @@ def tune_figure(result: TuneResult, title: str) -> Figure:
     axis.set_xlabel("trial (in the order tried)")
     axis.set_ylabel("FULL global samples/s (mean, 95% CI)")
     axis.set_title(title, fontsize=10)
-    axis.legend(fontsize=8, loc="upper left")
+    axis.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 0.12))
+    start_mean = mean_interval(result.path[0].measurement.full).mean
+    if start_mean > 0:  # the same axis read as speed-up over the start
+        right = axis.secondary_yaxis(
+            "right", functions=(lambda y: y / start_mean, lambda ratio: ratio * start_mean)
+        )
+        right.set_ylabel("speed-up over the start")
     axis.grid(axis="y", alpha=0.3)
     return figure
 

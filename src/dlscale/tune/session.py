@@ -18,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from dlscale.config import load_run_config
 from dlscale.errors import DlscaleError
 from dlscale.report.figures import save_png
@@ -28,7 +30,7 @@ from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import is_distributed, share_text_from_main
 from dlscale.runtime.launch import detect_process
-from dlscale.runtime.storage import as_storage_error
+from dlscale.runtime.storage import as_storage_error, probe_writable
 from dlscale.runtime.strict_json import to_json
 from dlscale.tune.cache import TuneCache
 from dlscale.tune.climb import Climb, TuneFailed, TuneOptions, TuneResult
@@ -76,6 +78,8 @@ def run_tune(
     def tune_logging() -> None:
         setup_logging(work_dir / "tune.log", enabled=process.is_main)
 
+    if process.is_main:
+        probe_writable(work_dir)  # a read-only or full disk is one line now, not after the first trial
     tune_logging()
     start_cfg = source.load()
     log.info(
@@ -175,7 +179,7 @@ def write_outputs(
         [
             f"# {title}",
             "",
-            f"`{command}`, {date}, dlscale {__version__}",
+            f"`{command}`, {date}, dlscale {__version__}, torch {torch.__version__}",
             "",
             speedup,
             "",
@@ -201,6 +205,7 @@ def write_outputs(
         "device": device,
         "data_parallel_ranks": dp,
         "dlscale_version": __version__,
+        "torch_version": torch.__version__,
         "command": command,
         "date": date,
         "start_global_batch": batch_sizes(start_cfg, dp)[0],
