@@ -69,7 +69,8 @@ def test_tune_writes_a_config_that_extends_the_original_with_only_the_changed_ke
 def test_tune_record_table_and_plot_describe_every_trial(tuned):
     record = json.loads(tuned.with_suffix(".json").read_text())
     assert record["start"]["measurement"]["status"] == "ok"
-    assert len(record["start"]["measurement"]["throughputs"]["FULL"]) == 2  # --ntrials 2
+    # --ntrials 2, or twice that when the start scattered by more than 10% and was measured again
+    assert len(record["start"]["measurement"]["throughputs"]["FULL"]) in (2, 4)
     decisions = {trial["label"]: trial["decision"] for trial in record["trials"]}
     # On a CPU the GPU-only knobs are listed as skipped, never measured.
     assert (
