@@ -100,10 +100,11 @@ def run_tune(
             cpus_per_rank=max(1, (os.cpu_count() or 1) // process.local_world_size),
             bf16=device.computes_bf16,
         )
+        # What the trials' numbers depend on; the climb's own options (--min_gain, --loss_tolerance, --skip)
+        # only change the decisions, which a resumed tune makes again from the same numbers.
         fingerprint = {
             "config": start_cfg.to_dict(),
             "lengths": asdict(lengths),
-            "loss_tolerance": options.loss_tolerance,
             "device": device.name,
             "world_size": process.world_size,
         }
