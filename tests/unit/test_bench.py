@@ -16,7 +16,15 @@ from dlscale.config import load_run_config
 from dlscale.errors import ConfigError, DataError
 from dlscale.parallel.mesh import MeshShape, ParallelMesh
 from dlscale.perf.bench import run_trials
-from dlscale.perf.bench_report import BOUND_MARGIN, OVERHEAD_MARGIN, TrialSeries, decide_bottleneck
+from dlscale.perf.bench_report import (
+    BOUND_MARGIN,
+    OVERHEAD_MARGIN,
+    TrialSeries,
+    decide_bottleneck,
+    decide_from_trials,
+    interval_line,
+    summary_record,
+)
 from dlscale.perf.sweep import SweepSpec, flags_not_swept, parse_sweep, sweep_points
 from dlscale.run.bench import run_benchmark, switched_on_knobs
 from dlscale.runtime.device import Device
@@ -158,6 +166,66 @@ def test_verdicts_name_the_knobs_to_try_and_what_is_missing():
     assert "overhead unknown" in decide_bottleneck(100, 1000, None).reason
     only_full = decide_bottleneck(None, None, 100)
     assert "needs IO and SYNTHETIC" in only_full.reason and only_full.knobs == ()
+
+
+def series(name: str, *trials: float) -> TrialSeries:
+    return TrialSeries(name, trial_throughput=list(trials))
+
+
+def test_a_verdict_holds_only_beyond_the_noise():
+    # The README's busy-machine case: FULL scattered by 20% around a mean just under 80% of SYNTHETIC.
+    noisy = {
+        "IO": series("IO", 2900, 2950, 2920),
+        "SYNTHETIC": series("SYNTHETIC", 20.0, 20.2, 19.9),
+        "FULL": series("FULL", 12.5, 19.5, 15.0),
+    }
+    assert decide_bottleneck(2923, 20.03, 15.67).kind == "overhead"  # the means alone
+    verdict = decide_from_trials(noisy)
+    assert verdict.kind == "within noise" and verdict.knobs == ()
+    assert "the means say overhead" in verdict.reason and "--ntrials" in verdict.reason
+    # The same means with tight trials stand.
+    quiet = {
+        "IO": series("IO", 2920, 2921, 2922),
+        "SYNTHETIC": series("SYNTHETIC", 20.0, 20.1, 20.0),
+        "FULL": series("FULL", 15.6, 15.7, 15.7),
+    }
+    assert decide_from_trials(quiet).kind == "overhead"
+    # IO-bound needs IO's whole interval below 90% of SYNTHETIC's lowest value.
+    close = {"IO": series("IO", 80, 95, 88), "SYNTHETIC": series("SYNTHETIC", 100, 100.5, 99.5)}
+    assert decide_bottleneck(87.7, 100, None).kind == "IO-bound"
+    assert decide_from_trials(close).kind == "within noise"
+    assert decide_from_trials({**close, "IO": series("IO", 60, 61, 60.5)}).kind == "IO-bound"
+
+
+def test_one_trial_needs_more_trials_and_balanced_needs_no_interval():
+    single = {"IO": series("IO", 5000), "SYNTHETIC": series("SYNTHETIC", 100), "FULL": series("FULL", 95)}
+    verdict = decide_from_trials(single)
+    assert verdict.kind == "needs more trials" and "--ntrials 2" in verdict.reason
+    balanced = {"IO": series("IO", 100), "SYNTHETIC": series("SYNTHETIC", 101), "FULL": series("FULL", 99)}
+    assert decide_from_trials(balanced).kind == "balanced"
+
+
+def test_full_faster_than_synthetic_beyond_the_noise_is_called_a_disturbed_measurement():
+    tests = {
+        "IO": series("IO", 5000, 5010, 4990),
+        "SYNTHETIC": series("SYNTHETIC", 24.5, 24.4, 24.6),
+        "FULL": series("FULL", 29.0, 29.1, 28.9),
+    }
+    verdict = decide_from_trials(tests)
+    assert verdict.kind == "compute-bound" and "cannot be: the trials were disturbed" in verdict.reason
+    within = {**tests, "FULL": series("FULL", 20.0, 29.0, 25.0)}
+    assert "disturbed" not in decide_from_trials(within).reason
+
+
+def test_interval_line_and_record_give_each_tests_interval():
+    tests = {"IO": series("IO", 10, 12, 14), "FULL": series("FULL", 7)}
+    line = interval_line(tests)
+    assert line.startswith("BENCHY::INTERVAL::IO 12.0 +- 5.0 samples/s (95% CI, 3 trials)")
+    assert "FULL 7.0 samples/s (1 trial: no interval)" in line
+    low, high = summary_record(tests)["IO"]["ci95"]
+    assert low == pytest.approx(12 - 4.303 * 2 / 3**0.5, abs=1e-3) and high == pytest.approx(
+        12 + 4.303 * 2 / 3**0.5, abs=1e-3
+    )
 
 
 def test_verdicts_leave_out_knobs_the_run_already_uses_or_cannot_use(tiny_config):

@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from dlscale.perf.trial_statistics import MeanInterval, mean_interval
+
 BOUND_MARGIN = 0.10
 OVERHEAD_MARGIN = 0.20
 TEST_NAMES = ("IO", "SYNTHETIC", "FULL")
@@ -52,7 +54,9 @@ OVERHEAD_KNOBS = (
 # Knobs (by their leading text) that only change anything on a GPU.
 GPU_ONLY_KNOBS = ("--cuda_graphs", "--tf32 on", "--set loader.pin_memory", "--set loader.device_prefetch")
 
-VerdictKind = Literal["IO-bound", "compute-bound", "balanced", "overhead", "inconclusive"]
+VerdictKind = Literal[
+    "IO-bound", "compute-bound", "balanced", "overhead", "inconclusive", "within noise", "needs more trials"
+]
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,75 @@ def _partial_verdict(io: float | None, synthetic: float | None, full: float | No
     )
 
 
+def decide_from_trials(tests: Mapping[str, TrialSeries]) -> Verdict:
+    """The verdict of :func:`decide_bottleneck` on the means, kept only when the comparison that names it holds
+    beyond the trials' noise (their 95% intervals, :mod:`dlscale.perf.trial_statistics`).
+
+    IO-bound needs IO's whole interval below ``1 - BOUND_MARGIN`` times SYNTHETIC's lowest value (compute-bound
+    the other way round), overhead needs FULL's whole interval below ``1 - OVERHEAD_MARGIN`` times the slower
+    part's lowest; otherwise the verdict is **within noise**, and with a single trial of a test it is **needs
+    more trials** (one trial has no interval). FULL faster than SYNTHETIC beyond the noise is impossible for the
+    same step, so it is said to be a disturbed measurement.
+    """
+    verdict = decide_bottleneck(*mean_throughputs(tests))
+    intervals = {name: mean_interval(t.trial_throughput) for name, t in tests.items() if t.trial_throughput}
+    disturbed = _impossible_ordering(intervals)
+    if (
+        verdict.kind in ("IO-bound", "compute-bound", "overhead")
+        and "IO" in intervals
+        and "SYNTHETIC" in intervals
+    ):
+        single = [name for name, interval in intervals.items() if interval.trials < 2]
+        if single:
+            return Verdict(
+                "needs more trials",
+                f"the means say {verdict.kind} ({verdict.reason}), but {' and '.join(single)} ran one trial, "
+                "which gives no interval to tell a bottleneck from noise: set --ntrials 2 or more"
+                + disturbed,
+            )
+        if not _holds_beyond_noise(verdict.kind, intervals):
+            spread = "; ".join(f"{name} {i.describe()}" for name, i in intervals.items())
+            return Verdict(
+                "within noise",
+                f"the means say {verdict.kind}, but the trials scatter too much to be sure ({spread}): run more "
+                "trials (--ntrials) of more batches (--nbatches), with no other work on the node" + disturbed,
+            )
+    return replace(verdict, reason=verdict.reason + disturbed) if disturbed else verdict
+
+
+def _holds_beyond_noise(kind: str, intervals: Mapping[str, MeanInterval]) -> bool:
+    io, synthetic = intervals["IO"], intervals["SYNTHETIC"]
+    if kind == "IO-bound":
+        return io.high < (1 - BOUND_MARGIN) * synthetic.low
+    if kind == "compute-bound":
+        return synthetic.high < (1 - BOUND_MARGIN) * io.low
+    full = intervals.get("FULL")
+    slower = io if io.mean <= synthetic.mean else synthetic
+    return full is not None and full.high < (1 - OVERHEAD_MARGIN) * slower.low
+
+
+def _impossible_ordering(intervals: Mapping[str, MeanInterval]) -> str:
+    """A note when FULL beat SYNTHETIC beyond the noise ("" otherwise): FULL does all SYNTHETIC does, and more."""
+    full, synthetic = intervals.get("FULL"), intervals.get("SYNTHETIC")
+    if full is None or synthetic is None or not full.low > synthetic.high:
+        return ""
+    return (
+        f". Note: FULL ({_rate(full.mean)}) is faster than SYNTHETIC ({_rate(synthetic.mean)}) beyond the noise, "
+        "which the same training step cannot be: the trials were disturbed (other processes on the node, too few "
+        "batches per trial, clocks ramping up); re-run them alone with more --nbatches"
+    )
+
+
+def interval_line(tests: Mapping[str, TrialSeries]) -> str:
+    """``BENCHY::INTERVAL::`` with each test's mean and 95% interval (benchy's own lines keep its std)."""
+    parts = [
+        f"{name} {mean_interval(t.trial_throughput).describe()}"
+        for name, t in tests.items()
+        if t.trial_throughput
+    ]
+    return "BENCHY::INTERVAL::" + "; ".join(parts)
+
+
 @dataclass
 class TrialSeries:
     """The recorded trials of one test (IO, SYNTHETIC or FULL), in benchy's JSON fields."""
@@ -240,6 +313,7 @@ def summary_record(tests: Mapping[str, TrialSeries]) -> dict[str, dict[str, obje
         name: {
             "mean": t.mean,
             "std": t.std,
+            "ci95": [mean_interval(t.trial_throughput).low, mean_interval(t.trial_throughput).high],
             "ntrials": len(t.trial_throughput),
             "peak_memory_gb": t.peak_memory_gb,
             "energy": t.energy,

@@ -230,7 +230,8 @@ def analyse_scaling(runs: Sequence[BenchRun], mode: str = "auto", allow_mixed: b
             point.efficiency = point.ddp.mean / point.ideal
         if point.noddp is not None:
             point.noddp_efficiency = point.noddp.mean / point.ideal
-            if point.ddp is not None:
+            # One rank has nothing to communicate: a difference there is noise, not an overhead.
+            if point.ddp is not None and gpus > 1:
                 point.comm_overhead = 1 - point.ddp.mean / point.noddp.mean
         points.append(point)
     # Named once each, in order of appearance: one name unless --allow-mixed let several in.

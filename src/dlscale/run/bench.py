@@ -21,9 +21,9 @@ from dlscale.perf.bench_report import (
     TrialSeries,
     Verdict,
     benchy_record,
-    decide_bottleneck,
+    decide_from_trials,
     energy_line,
-    mean_throughputs,
+    interval_line,
     summary_lines,
     summary_record,
     utilization_line,
@@ -82,7 +82,7 @@ def run_benchmark(
             setup.global_batch_size // setup.local_batch_size,
         )
     tests = run_trials(setup, bench, clock)
-    verdict = decide_bottleneck(*mean_throughputs(tests)).for_run(switched_on_knobs(cfg), setup.device.is_gpu)
+    verdict = decide_from_trials(tests).for_run(switched_on_knobs(cfg), setup.device.is_gpu)
     utilization = utilization_numbers(tests, setup.utilization, process.world_size)
     record = build_record(cfg, setup, tests, verdict, utilization, command)
     path = None
@@ -97,6 +97,7 @@ def run_benchmark(
         memory = [f"{n} {t.peak_memory_gb:.2f} GB" for n, t in tests.items() if t.peak_memory_gb is not None]
         if memory:
             log.info("BENCHY::MEMORY::peak device memory: %s", "; ".join(memory))
+        log.info("%s", interval_line(tests))  # the verdict below compares these intervals
         log.info("%s", verdict.line())
         path = Path(output_path) if output_path is not None else Path(run_dir) / bench.output_filename
         path = path.expanduser()

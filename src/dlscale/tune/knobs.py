@@ -18,7 +18,7 @@ first.
   between epochs, reading further ahead, pinned host memory (GPU), then the threaded gpu pipeline.
 * overhead: the gpu pipeline first (it overlaps reads and device copies with compute, which is what overhead
   lacks), then workers, persistent workers, the next batch's device copy ahead (GPU), pinned memory (GPU).
-* balanced or inconclusive: the compute group, then the IO group.
+* balanced, inconclusive, within noise, needs more trials: the compute group, then the IO group.
 """
 
 from __future__ import annotations
@@ -323,6 +323,8 @@ KNOBS_BY_VERDICT: dict[str, tuple[Knob, ...]] = {
     "overhead": OVERHEAD_KNOBS,
     "balanced": COMPUTE_KNOBS + IO_KNOBS,
     "inconclusive": COMPUTE_KNOBS + IO_KNOBS,
+    "within noise": COMPUTE_KNOBS + IO_KNOBS,
+    "needs more trials": COMPUTE_KNOBS + IO_KNOBS,
 }
 
 
