@@ -75,7 +75,7 @@ def bench(
     **keys: Any,
 ) -> BenchResults:
     """IO / SYNTHETIC / FULL throughput trials of a config and the verdict (``dlscale bench``); the JSON goes to
-    ``output`` (default: ``bench.output_filename`` in the run directory). Trials are set by ``bench:`` keys,
+    ``output`` (default: a new ``<run dir>/bench/<date-time>-benchy_result.json``). Trials are set by ``bench:`` keys,
     e.g. ``nbatches=20, ntrials=3``."""
     cfg = load_config(workload, yaml_config, config, overrides, **keys)
     return bench_config(cfg, Path(output).expanduser().resolve() if output is not None else None)

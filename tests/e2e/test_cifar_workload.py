@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_records import only_bench_record
 from follows_eager import Losses, assert_follows_eager, train_and_keep_losses
 from run_configs import tiny_run_config
 
@@ -57,7 +58,7 @@ def test_dlscale_bench_runs_on_the_workload(tiny_cifar, tmp_path, capsys):
                "--nbatches", "2", "--ntrials", "1", "--nwarmup", "0"]  # fmt: skip
     assert main(command) == 0
     assert "BENCHY::SUMMARY::FULL average trial throughput" in capsys.readouterr().out
-    record = json.loads((tmp_path / "tiny" / "00" / "benchy_result.json").read_text())
+    record = json.loads(only_bench_record(tmp_path / "tiny" / "00").read_text())
     assert all(len(record[test]["trial_throughput"]) == 1 for test in ("IO", "SYNTHETIC", "FULL"))
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch._inductor.config as inductor_config
+from bench_records import only_bench_record
 from follows_eager import Losses, assert_follows_eager, train_and_keep_losses
 from run_configs import tiny_run_config
 
@@ -59,7 +60,7 @@ def test_dlscale_bench_runs_on_the_cnn(tiny_mnist, tmp_path, capsys):
                "--nbatches", "3", "--ntrials", "1", "--nwarmup", "0"]  # fmt: skip
     assert main(command) == 0
     assert sum("BENCHY::SUMMARY::" in line for line in capsys.readouterr().out.splitlines()) == 3
-    record = json.loads((tmp_path / "tiny" / "00" / "benchy_result.json").read_text())
+    record = json.loads(only_bench_record(tmp_path / "tiny" / "00").read_text())
     assert record["FULL"]["trial_throughput"][0] > 0 and record["batch"]["local"] == 32
 
 

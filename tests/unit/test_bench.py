@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import re
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from bench_records import only_bench_record
 
 from dlscale.cli import main
 from dlscale.config import load_run_config
@@ -26,7 +28,7 @@ from dlscale.perf.bench_report import (
     summary_record,
 )
 from dlscale.perf.sweep import SweepSpec, flags_not_swept, parse_sweep, sweep_points
-from dlscale.run.bench import run_benchmark, switched_on_knobs
+from dlscale.run.bench import default_bench_path, run_benchmark, switched_on_knobs
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 
@@ -323,8 +325,8 @@ def test_output_lines_and_json_follow_benchy(tmp_path, bench_lines):
     assert [line for line in bench_lines if line.startswith("BENCHY::VERDICT::")] == [results.verdict.line()]
     assert results.verdict.kind == "overhead"
 
-    assert (tmp_path / "benchy_result.png").read_bytes().startswith(b"\x89PNG")  # the trials, as a picture
-    path = tmp_path / "benchy_result.json"
+    assert only_bench_record(tmp_path, ".png").read_bytes().startswith(b"\x89PNG")  # the trials, as a picture
+    path = only_bench_record(tmp_path)
     assert results.output_path == path
     assert f"BENCHY::INFO::Message: Writing JSON output to {path}." in bench_lines
     record = json.loads(path.read_text())
@@ -360,7 +362,7 @@ def test_throughput_counts_samples_of_all_ranks(tmp_path):
         assert two.tests[name].trial_throughput == pytest.approx(
             [2 * x for x in one.tests[name].trial_throughput]
         )
-    assert json.loads((tmp_path / "two" / "benchy_result.json").read_text())["nranks"] == 2
+    assert json.loads(only_bench_record(tmp_path / "two").read_text())["nranks"] == 2
 
 
 def test_skipped_tests_print_nothing_and_keep_empty_json_entries(tmp_path, bench_lines):
@@ -404,7 +406,7 @@ def test_a_slow_dataset_is_reported_io_bound(tmp_path):
     setup, clock = slow_part_setup(batch_s=0.01, step_s=0.001)
     results = run_benchmark(setup.config, setup, tmp_path, clock=clock)
     assert results.verdict.kind == "IO-bound", results.verdict.line()
-    assert json.loads((tmp_path / "benchy_result.json").read_text())["verdict"]["kind"] == "IO-bound"
+    assert json.loads(only_bench_record(tmp_path).read_text())["verdict"]["kind"] == "IO-bound"
 
 
 def test_a_slow_model_is_reported_compute_bound(tmp_path):
@@ -468,7 +470,7 @@ def test_dlscale_bench_runs_the_three_tests_and_writes_the_json(tiny_era5, tmp_p
         assert SUMMARY[name].match(line), line
     assert "BENCHY::VERDICT::" in out
     run_dir = tmp_path / "tiny" / "00"
-    record = json.loads((run_dir / "benchy_result.json").read_text())
+    record = json.loads(only_bench_record(run_dir).read_text())
     assert len(record["FULL"]["trial_throughput"]) == 1 and record["batch"]["local"] == 4
     assert record["command"].startswith("dlscale bench --yaml_config ")
     assert "--progress none --nwarmup 0 --ntrials 1 --nbatches 3" in record["command"]
@@ -527,5 +529,18 @@ def test_each_test_reports_the_energy_and_power_of_the_gpu(tmp_path, bench_lines
     assert ConstantGpu.closed
     (line,) = [line for line in bench_lines if line.startswith("BENCHY::ENERGY::")]
     assert "FULL" in line and "350 W of 700 W" in line and "90% utilization" in line
-    record = json.loads((tmp_path / "benchy_result.json").read_text())
+    record = json.loads(only_bench_record(tmp_path).read_text())
     assert record["summary"]["FULL"]["energy"]["mean_power_w"] == pytest.approx(350.0)
+
+
+def test_each_bench_gets_a_file_of_its_own_in_the_run_directorys_bench_folder(tmp_path):
+    cfg = bench_config()
+    moment = datetime(2026, 11, 24, 3, 4, 5)
+    first = default_bench_path(tmp_path, cfg.bench, moment)
+    assert first == tmp_path / "bench" / "20261124-030405-benchy_result.json"
+    first.parent.mkdir(parents=True)
+    first.write_text("{}")
+    second = default_bench_path(tmp_path, cfg.bench, moment)  # the same second: never over the first
+    assert second == tmp_path / "bench" / "20261124-030405-2-benchy_result.json"
+    absolute = bench_config(f"output_filename={tmp_path / 'mine.json'}")
+    assert default_bench_path(tmp_path, absolute.bench, moment) == tmp_path / "mine.json"

@@ -163,6 +163,27 @@ def test_every_flag_sets_a_real_config_key():
                 assert types_of_section[key] is bool, (workload, flag)
 
 
+# -------------------------------------------------------------------------------------------- info
+
+
+def test_info_names_the_cpu_once(capsys):
+    import torch
+
+    assert main(["info"]) == 0  # the suite sets DLSCALE_DEVICE=cpu
+    device_lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("device:")]
+    threads = torch.get_num_threads()
+    assert device_lines == [f"device: cpu ({threads} thread{'s' if threads != 1 else ''})"]
+
+
+def test_info_names_a_gpu_by_its_torch_device_and_model():
+    from types import SimpleNamespace
+
+    from dlscale.commands.info import device_description
+
+    gpu = SimpleNamespace(torch="cuda:1", is_gpu=True, name="NVIDIA H100 80GB HBM3")
+    assert device_description(gpu) == "cuda:1 (NVIDIA H100 80GB HBM3)"
+
+
 # -------------------------------------------------------------------------------------------- dispatch
 
 

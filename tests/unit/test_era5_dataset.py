@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import shlex
 from pathlib import Path
 
 import h5py
@@ -15,6 +16,7 @@ import torch
 from dlscale.data import era5 as era5_module
 from dlscale.data.era5 import ERA5_CHANNELS, ERA5Dataset
 from dlscale.data.era5_config import ERA5DataConfig
+from dlscale.data.era5_layout import missing_data_hint, scan_split
 from dlscale.errors import DataError, InvalidValue
 
 YEARS = ("1990", "1991", "1992")
@@ -342,6 +344,61 @@ def test_missing_split_directory_names_key_and_root(data_root):
     with pytest.raises(DataError, match="valid_data_path") as info:
         ERA5Dataset(make_cfg(data_root), "valid")
     assert str(data_root / "valid") in str(info.value) and "root=" in str(info.value)
+
+
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
+
+
+def missing_split_message(cfg: ERA5DataConfig) -> str:
+    with pytest.raises(DataError) as info:
+        scan_split(cfg, "train_data_path")
+    return str(info.value)
+
+
+@pytest.mark.parametrize(("name", "preset"), [("tiny", "tiny"), ("demo", "demo")])
+def test_missing_synthetic_data_hint_is_the_command_that_generates_it(tmp_path, monkeypatch, name, preset):
+    from dlscale.cli import main
+    from dlscale.config import load_run_config
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DLSCALE_ERA5_DATA", str(tmp_path / "real"))  # set, but these configs do not read it
+    cfg = load_run_config(SHIPPED_CONFIGS, name).data
+    message = missing_split_message(cfg)
+    command = f"dlscale data synth-era5 --out data/era5_{preset} --preset {preset}"
+    assert f"`{command}`" in message and "--set data.root=PATH" in message
+    assert "DLSCALE_ERA5_DATA" not in message
+    if preset == "tiny":  # pasted as it is, the command makes the data the config reads (a second or so)
+        assert main(shlex.split(command)[1:]) == 0
+        assert len(scan_split(cfg, "train_data_path").files) > 0
+
+
+def test_missing_data_of_another_root_suggests_a_generic_preset_or_data_root(tmp_path, monkeypatch):
+    monkeypatch.delenv("DLSCALE_ERA5_DATA", raising=False)
+    message = missing_split_message(make_cfg(tmp_path / "my data"))
+    assert f"`dlscale data synth-era5 --out '{tmp_path / 'my data'}' --preset demo`" in message
+    assert "--set data.root=PATH" in message and "DLSCALE_ERA5_DATA" not in message
+
+
+def test_missing_data_of_a_root_from_the_environment_names_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLSCALE_ERA5_DATA", str(tmp_path / "sc23_data"))
+    from dlscale.config import load_run_config
+
+    cfg = load_run_config(SHIPPED_CONFIGS, "base").data
+    message = missing_split_message(cfg)
+    assert f"DLSCALE_ERA5_DATA={tmp_path / 'sc23_data'}" in message
+    assert "export DLSCALE_ERA5_DATA=PATH" in message and "--set data.root=PATH" in message
+    assert "synth-era5" not in message
+    # Unset, the shipped root is the variable's default, /data.
+    monkeypatch.delenv("DLSCALE_ERA5_DATA")
+    hint = missing_data_hint(load_run_config(SHIPPED_CONFIGS, "base").data, "train_data_path")
+    assert "/data, the default when DLSCALE_ERA5_DATA is not set" in hint and "synth-era5" not in hint
+
+
+def test_missing_split_outside_the_root_names_its_own_key(tmp_path):
+    cfg = make_cfg(tmp_path, valid_data_path=str(tmp_path.parent / "elsewhere" / "valid"))
+    with pytest.raises(DataError, match=r"--set data\.valid_data_path=PATH") as info:
+        scan_split(cfg, "valid_data_path")
+    assert "synth-era5" not in str(info.value) and "data.root" not in str(info.value)
 
 
 def test_split_directory_without_h5_files(data_root):

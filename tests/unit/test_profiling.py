@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -260,21 +261,81 @@ def test_train_start_logs_the_nsys_command_and_makes_its_folder(tmp_path, profil
 
 def test_nsys_command_captures_the_profiler_api_range_of_the_typed_command(tmp_path):
     argv = ["/venv/bin/dlscale", "train", "--config", "short", "--enable_manual_profiling"]
-    command = nsys_command(tmp_path, argv)
+    run_dir = tmp_path / "runs" / "short" / "00"
+    command = nsys_command(run_dir, argv)
     assert command.startswith("nsys profile -c cudaProfilerApi --capture-range-end=stop ")
     assert "-t cuda,nvtx,osrt,cudnn,cublas" in command
-    assert f"-o {tmp_path / 'nsys' / 'rank0'} --force-overwrite true" in command
-    assert command.endswith(" ".join(argv))
+    assert f"-o {run_dir / 'nsys' / 'rank0'} --force-overwrite true" in command
+    assert command.endswith(" ".join(argv) + " --run_num 00-nsys")
 
 
 def test_nsys_command_reruns_python_dash_m_and_names_reports_per_rank(tmp_path):
     argv = ["/src/dlscale/__main__.py", "train", "--run_num", "my run"]
-    command = nsys_command(tmp_path, argv, rank_variable="SLURM_PROCID")
-    assert command.endswith(f"{sys.executable} -m dlscale train --run_num 'my run'")
-    assert f"'{tmp_path / 'nsys'}/rank%q{{SLURM_PROCID}}'" in command
-    hints = "\n".join(nsys_hint_lines(tmp_path, argv))
+    run_dir = tmp_path / "my run"
+    command = nsys_command(run_dir, argv, rank_variable="SLURM_PROCID")
+    assert command.endswith(f"{sys.executable} -m dlscale train --run_num 'my run-nsys'")
+    assert f"'{run_dir / 'nsys'}/rank%q{{SLURM_PROCID}}'" in command
+    hints = "\n".join(nsys_hint_lines(run_dir, argv))
     assert "srun ... nsys profile" in hints and "rank%q{SLURM_PROCID}" in hints
     assert "torchrun ... --no-python nsys profile" in hints and "rank%q{RANK}" in hints
+
+
+def printed_run_nums(command: str) -> list[str]:
+    """The values of every way a pasted ``dlscale train`` command sets the run_num, in order."""
+    words = shlex.split(command)
+    found = []
+    for index, word in enumerate(words):
+        if word == "--run_num" or (word == "--set" and words[index + 1].split("=")[0].endswith("run_num")):
+            found.append(words[index + 1].split("=")[-1])
+        elif word.startswith(("--run_num=", "--set=run_num=", "--set=log.run_num=")):
+            found.append(word.split("=")[-1])
+    return found
+
+
+@pytest.mark.parametrize(
+    "typed",
+    [
+        [],
+        ["--run_num", "nvtx"],
+        ["--run_num=nvtx"],
+        ["--set", "log.run_num=nvtx"],
+        ["--set=run_num=nvtx", "--set", "optim.lr=1e-3"],
+    ],
+)
+def test_printed_nsys_command_trains_a_fresh_run_whatever_set_the_run_num(tmp_path, typed):
+    run_dir = tmp_path / "runs" / "short" / "nvtx"
+    run_dir.mkdir(parents=True)
+    argv = ["/venv/bin/dlscale", "train", "--config", "short", *typed, "--enable_manual_profiling"]
+    lines = nsys_hint_lines(run_dir, argv)
+    command = next(line.strip() for line in lines if line.strip().startswith("nsys profile"))
+    assert command == nsys_command(run_dir, argv)
+    # Pasted as it is, the command trains into one run directory, and not into this run's.
+    assert printed_run_nums(command) == ["nvtx-nsys"]
+    assert not (run_dir.parent / "nvtx-nsys").exists()
+    assert "--set optim.lr=1e-3" in command or "optim.lr" not in " ".join(typed)
+    # The words name the run_num the command uses, and never ask for a change the command does not make.
+    text = "\n".join(lines)
+    assert "fresh run (--run_num nvtx-nsys)" in text and "another --run_num" not in text
+    for line in lines:
+        if "dlscale train" in line:
+            assert printed_run_nums(line.split("nsys profile", 1)[-1]) == ["nvtx-nsys"]
+
+
+def test_printed_run_num_is_not_a_directory_that_exists(tmp_path):
+    run_dir = tmp_path / "00"
+    (tmp_path / "00-nsys").mkdir(parents=True)
+    (tmp_path / "00-nsys2").mkdir()
+    command = nsys_command(run_dir, ["dlscale", "train", "--run_num", "00"])
+    assert printed_run_nums(command) == ["00-nsys3"]
+
+
+def test_nsys_hint_of_a_script_names_a_fresh_run_num_in_words(tmp_path):
+    argv = ["train_my_model.py", "--epochs", "3"]
+    run_dir = tmp_path / "00"
+    command = nsys_command(run_dir, argv)
+    assert command.endswith(" train_my_model.py --epochs 3")  # a script's own options are left alone
+    text = "\n".join(nsys_hint_lines(run_dir, argv))
+    assert "with another log.run_num than '00' (e.g. '00-nsys')" in text
 
 
 # --- build_profiling ---------------------------------------------------------------------------------------

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import platform
+from typing import TYPE_CHECKING
 
 from dlscale.commands.flags import config_flag_values
 from dlscale.config import config_reference, load_run_config
 from dlscale.version import __version__
+
+if TYPE_CHECKING:
+    from dlscale.runtime.device import Device
 
 
 def run_config(args: argparse.Namespace) -> int:
@@ -22,6 +26,11 @@ def run_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def device_description(device: Device) -> str:
+    """'cuda:0 (NVIDIA H100 80GB HBM3)' on a GPU, 'cpu (2 threads)' on the CPU (whose name already says cpu)."""
+    return f"{device.torch} ({device.name})" if device.is_gpu else device.name
+
+
 def run_info(args: argparse.Namespace) -> int:
     import h5py
     import numpy
@@ -34,7 +43,7 @@ def run_info(args: argparse.Namespace) -> int:
     print(
         f"python {platform.python_version()}, torch {torch.__version__}, numpy {numpy.__version__}, h5py {h5py.__version__}"
     )
-    print(f"device: {device.torch} ({device.name})")
+    print(f"device: {device_description(device)}")
     print(
         f"CUDA available: {torch.cuda.is_available()}; distributed available: {torch.distributed.is_available()}"
     )

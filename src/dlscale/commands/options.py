@@ -33,8 +33,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--output",
         metavar="FILE",
-        help="JSON file to write, relative to the current directory (default: bench.output_filename in the "
-        "run directory); with --sweep, the combined JSON, with the table (.md) and plot (.png) beside it",
+        help="JSON file to write, relative to the current directory (default: a new <run dir>/bench/<date-time>-"
+        "benchy_result.json); with --sweep, the combined JSON, with the table (.md) and plot (.png) beside it",
     )
 
 

@@ -6,6 +6,8 @@ Everything here opens files only inside `with` blocks, so no HDF5 handle outlive
 
 from __future__ import annotations
 
+import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,12 @@ ERA5_CHANNELS: tuple[str, ...] = (
 
 FIELDS_KEY = "fields"
 
+# The shipped configs' real-data root is ${DLSCALE_ERA5_DATA:-/data}.
+ERA5_DATA_VARIABLE = "DLSCALE_ERA5_DATA"
+ERA5_DATA_DEFAULT = "/data"
+# The folders of the shipped demo and tiny configs, and the `synth-era5 --preset` that writes each.
+SYNTHETIC_PRESET_OF_FOLDER = {"era5_demo": "demo", "era5_tiny": "tiny"}
+
 
 @dataclass(frozen=True)
 class SplitLayout:
@@ -54,6 +62,36 @@ class SplitLayout:
     channel_names: tuple[str, ...]  # the first n_in channel names
 
 
+def missing_data_hint(cfg: ERA5DataConfig, key: str) -> str:
+    """What to do when the directory of config field ``key`` is missing, naming the knob that sets it.
+
+    The shipped configs take ``root`` from ``${DLSCALE_ERA5_DATA:-/data}`` (the real data) or name a folder
+    that ``dlscale data synth-era5`` writes (``data/era5_demo``, ``data/era5_tiny``). The config loader
+    expands ``${...}`` before this section is built, so the raw text is gone: a root equal to what
+    ``${DLSCALE_ERA5_DATA:-/data}`` expands to now is taken to come from the variable, any other root to be
+    a folder of synthetic data (or one the user named).
+    """
+    root = cfg.path("root")
+    split = cfg.path(key)
+    if not split.is_relative_to(root):  # an absolute path of its own: root does not lead there
+        return f"Point data.{key} at a directory of *.h5 files (--set data.{key}=PATH)"
+    from_environment = os.environ.get(ERA5_DATA_VARIABLE) or ERA5_DATA_DEFAULT
+    if root == Path(os.path.expandvars(os.path.expanduser(from_environment))):
+        if os.environ.get(ERA5_DATA_VARIABLE):
+            where_from = f"{ERA5_DATA_VARIABLE}={from_environment}"
+        else:
+            where_from = f"{ERA5_DATA_DEFAULT}, the default when {ERA5_DATA_VARIABLE} is not set"
+        return (
+            f"The data root is {where_from}: export {ERA5_DATA_VARIABLE}=PATH, the directory of your ERA5 "
+            "copy (it holds train/ valid/ test/ stats/), or pass --set data.root=PATH"
+        )
+    preset = SYNTHETIC_PRESET_OF_FOLDER.get(root.name, "demo")
+    return (
+        f"Generate the data with `dlscale data synth-era5 --out {shlex.quote(str(root))} --preset {preset}`, "
+        "or point the config at your ERA5 copy with --set data.root=PATH"
+    )
+
+
 def scan_split(cfg: ERA5DataConfig, key: str) -> SplitLayout:
     """Find and check the `*.h5` files of the split directory that config field `key` points to."""
     directory = cfg.path(key)
@@ -61,9 +99,8 @@ def scan_split(cfg: ERA5DataConfig, key: str) -> SplitLayout:
     if not directory.is_dir():
         what = "is not a directory" if directory.exists() else "does not exist"
         raise DataError(
-            f"{directory}: split directory {what} ({where}); expected a directory of *.h5 files. Point the "
-            "data root at your ERA5 copy (--set data.root=PATH, or DLSCALE_ERA5_DATA for the shipped configs), or "
-            "generate data with `dlscale data synth-era5`"
+            f"{directory}: split directory {what} ({where}); expected a directory of *.h5 files. "
+            f"{missing_data_hint(cfg, key)}"
         )
     files = sorted(directory.glob("*.h5"))
     if not files:

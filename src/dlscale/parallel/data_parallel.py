@@ -10,6 +10,7 @@ gradients). The model itself knows nothing of this.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -24,6 +25,9 @@ from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 
 log = logging.getLogger("dlscale.parallel")
+
+# The start of torch 2.13's FutureWarning when DDP is given broadcast_buffers (a regex, matched at the start).
+BROADCAST_BUFFERS_DEPRECATION = r"`broadcast_buffers` is deprecated\. Use `forward_sync_buffers` instead"
 
 
 def wrap_data_parallel(
@@ -71,14 +75,20 @@ def wrap_data_parallel(
             process.world_size,
         )
         return model
-    return DistributedDataParallel(
-        model,
-        device_ids=[device.torch.index] if device.is_gpu else None,
-        bucket_cap_mb=cfg.bucket_cap_mb,
-        broadcast_buffers=not cfg.disable_broadcast_buffers,
-        gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-        process_group=group,
-    )
+    with warnings.catch_warnings():
+        # torch 2.13 deprecates broadcast_buffers for forward_sync_buffers and warns once per rank. Harmless
+        # here: forward_sync_buffers does not exist before 2.13 (we support torch >= 2.4), and only
+        # broadcast_buffers=False keeps buffers out of the start-up broadcast too, which is what
+        # disable_broadcast_buffers promises (buffers kept per rank).
+        warnings.filterwarnings("ignore", message=BROADCAST_BUFFERS_DEPRECATION, category=FutureWarning)
+        return DistributedDataParallel(
+            model,
+            device_ids=[device.torch.index] if device.is_gpu else None,
+            bucket_cap_mb=cfg.bucket_cap_mb,
+            broadcast_buffers=not cfg.disable_broadcast_buffers,
+            gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+            process_group=group,
+        )
 
 
 def _single_process_data_parallel(

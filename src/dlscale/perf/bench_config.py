@@ -20,7 +20,8 @@ class BenchConfig:
     run_synthetic: bool = True  # SYNTHETIC: train on one cached device batch, no IO
     run_full: bool = True  # FULL: real training steps on real batches
     use_distributed_barrier: bool = False  # add a barrier to the device sync at each timing point
-    output_filename: str = "benchy_result.json"  # written in the run directory (an absolute path is kept)
+    # in <run dir>/bench/, prefixed with the date and time, so no bench overwrites another (an absolute path is kept)
+    output_filename: str = "benchy_result.json"
 
     def __post_init__(self) -> None:
         for name in ("ntrials", "nbatches"):

@@ -289,13 +289,18 @@ def utilization_numbers(
     return numbers
 
 
-def utilization_line(numbers: Mapping[str, Mapping[str, float | None]], described: str) -> str:
-    """One line after benchy's summary: achieved TFLOP/s and MFU per GPU."""
+def utilization_line(
+    numbers: Mapping[str, Mapping[str, float | None]], described: str, on_gpu: bool | None = None
+) -> str:
+    """One line after benchy's summary: achieved TFLOP/s and MFU per GPU (``on_gpu``), per CPU process (not
+    ``on_gpu``) or per device (None: the caller does not say). The numbers keep their key
+    ``tflops_per_gpu`` on every device, so records stay comparable."""
+    unit = "device" if on_gpu is None else "GPU" if on_gpu else "CPU process"
     parts = []
     for name, values in numbers.items():
         mfu = values["mfu"]
         mfu_text = f", MFU {mfu:.1%}" if mfu is not None else ""
-        parts.append(f"{name} {values['tflops_per_gpu']:.3f} TFLOP/s per GPU{mfu_text}")
+        parts.append(f"{name} {values['tflops_per_gpu']:.3f} TFLOP/s per {unit}{mfu_text}")
     return f"BENCHY::UTILIZATION::{'; '.join(parts)} ({described})"
 
 

@@ -100,6 +100,15 @@ class CrossRankSummary:
     slowest_value: float
     mean_slowness: float
 
+    def spread_lines(self) -> list[str]:
+        """'across ranks <name>: min, max, mean' of each number some rank measured; a number no rank measured
+        (GPU power on a CPU run) is left out rather than printed as NaN."""
+        return [
+            f"across ranks {name}: min {spread.minimum:.4g}, max {spread.maximum:.4g}, mean {spread.mean:.4g}"
+            for name, spread in self.spreads.items()
+            if not all(math.isnan(value) for value in spread.per_rank)
+        ]
+
     def straggler_line(self, what: str = "slowness") -> str:
         slowest, mean = self.slowest_value, self.mean_slowness
         return f"slowest rank: {self.slowest_rank} ({what} {slowest:.4g} vs mean {mean:.4g})"
@@ -220,7 +229,7 @@ class MonitorObserver(Observer):
         summary = summarize(self.sampler.samples)
         gpu = summary.gpus[0] if summary.gpus else None  # this rank's own GPU
         numbers = {
-            "energy_j": summary.energy_j,
+            "energy_j": summary.energy_j if gpu else None,  # no GPU: energy not measured, not zero
             "mean_power_w": gpu.mean_power_w if gpu else None,
             "mean_utilization_pct": gpu.mean_utilization_pct if gpu else None,
             "peak_memory_gb": gpu.peak_memory_gb if gpu else None,
@@ -230,15 +239,14 @@ class MonitorObserver(Observer):
         # A collective: every rank reaches on_train_end (the trainer agrees on stops across ranks).
         ranks = gather_across_ranks(numbers, numbers["input_wait_s_per_step"], setup.device.torch)
         if setup.process.rank == 0:
-            energy = sum(ranks.spreads["energy_j"].per_rank)  # the whole job, against the global samples
+            # The whole job, against the global samples (ranks without a GPU reading add nothing).
+            energy = sum(value for value in ranks.spreads["energy_j"].per_rank if not math.isnan(value))
             samples = trainer.progress.samples_seen - self.start_samples_seen
             samples_per_epoch = setup.plan.steps_per_epoch * setup.global_batch_size
             self.report = build_report(summary, samples, samples_per_epoch, energy_j=energy)
             lines = self.report.lines()
             if setup.process.world_size > 1:
-                for name, spread in ranks.spreads.items():
-                    lines.append(f"across ranks {name}: min {spread.minimum:.4g}, max {spread.maximum:.4g}, "
-                                 f"mean {spread.mean:.4g}")  # fmt: skip
+                lines.extend(ranks.spread_lines())
                 lines.append(ranks.straggler_line("input wait s/step"))
             log.info("Efficiency report (%s):\n  %s", outcome, "\n  ".join(lines))
             document = {**self.report.to_json(), "ranks": {k: vars(v) for k, v in ranks.spreads.items()}}

@@ -76,27 +76,95 @@ def nsys_profile_words(report: Path) -> list[str]:
     ]
 
 
+def fresh_run_num(run_dir: Path) -> str:
+    """A run_num for the nsys run that no run of this config uses yet: ``<run_num>-nsys`` (``-nsys2``, ...).
+
+    The run directory is ``<expdir>/<config>/<run_num>``, so its siblings are the config's other runs.
+    """
+    run_dir = Path(run_dir)
+    candidate, number = f"{run_dir.name}-nsys", 1
+    while (run_dir.parent / candidate).exists():
+        number += 1
+        candidate = f"{run_dir.name}-nsys{number}"
+    return candidate
+
+
+def _program_length(words: Sequence[str]) -> int | None:
+    """How many words name the program when ``words`` is the ``dlscale`` command, else None."""
+    if words and Path(words[0]).name == "dlscale":
+        return 1
+    if len(words) >= 3 and list(words[1:3]) == ["-m", "dlscale"]:
+        return 3
+    return None
+
+
+def _is_run_num_override(text: str) -> bool:
+    return text.partition("=")[0] in ("run_num", "log.run_num")
+
+
+def _without_run_num(arguments: Sequence[str]) -> list[str]:
+    """``arguments`` without ``--run_num X``, ``--run_num=X`` and ``--set (log.)run_num=X``."""
+    kept: list[str] = []
+    index = 0
+    while index < len(arguments):
+        word = arguments[index]
+        value = arguments[index + 1] if index + 1 < len(arguments) else ""
+        if word == "--run_num" or (word == "--set" and _is_run_num_override(value)):
+            index += 2
+        elif word.startswith("--run_num=") or (word.startswith("--set=") and _is_run_num_override(word[6:])):
+            index += 1
+        else:
+            kept.append(word)
+            index += 1
+    return kept
+
+
+def rerun_command(run_dir: Path, argv: Sequence[str] | None = None) -> tuple[list[str], str | None]:
+    """This command line made to train a fresh run, and the run_num it trains into.
+
+    A ``dlscale train`` command gets ``--run_num <run_num>-nsys`` (see :func:`fresh_run_num`) in place of its
+    own run_num: run again in this run's directory, it would resume from its checkpoint, maybe past the
+    window. Flags are applied after ``--set`` and the config, so the appended flag wins whatever set the old
+    one. Any other command line (a script calling :func:`dlscale.train`) is returned as it is, with None: its
+    run_num is the script's to change.
+    """
+    words = typed_command(argv)
+    program = _program_length(words)
+    if program is None or words[program : program + 1] != ["train"]:
+        return words, None
+    run_num = fresh_run_num(run_dir)
+    return [*words[:program], *_without_run_num(words[program:]), "--run_num", run_num], run_num
+
+
 def nsys_command(run_dir: Path, argv: Sequence[str] | None = None, rank_variable: str | None = None) -> str:
     """The shell command that runs this command line under ``nsys profile`` to record the capture window.
 
-    The report goes to ``<run_dir>/nsys/rank0.nsys-rep``; ``rank_variable`` (e.g. ``SLURM_PROCID``) names one
-    report per rank instead, through nsys's ``%q{VARIABLE}`` substitution.
+    The command trains a fresh run (:func:`rerun_command`); the report goes to this run's
+    ``<run_dir>/nsys/rank0.nsys-rep``, and ``rank_variable`` (e.g. ``SLURM_PROCID``) names one report per rank
+    instead, through nsys's ``%q{VARIABLE}`` substitution.
     """
     report = Path(run_dir) / "nsys" / (f"rank%q{{{rank_variable}}}" if rank_variable else "rank0")
-    return shlex.join(nsys_profile_words(report) + typed_command(argv))
+    return shlex.join(nsys_profile_words(report) + rerun_command(run_dir, argv)[0])
 
 
 def nsys_hint_lines(run_dir: Path, argv: Sequence[str] | None = None) -> list[str]:
     """How to run this command under nsys: as one process, under srun, under torchrun."""
-    command = shlex.join(typed_command(argv))
+    words, run_num = rerun_command(run_dir, argv)
+    command = shlex.join(words)
     reports = Path(run_dir) / "nsys"
     per_slurm_task = shlex.join(nsys_profile_words(reports / "rank%q{SLURM_PROCID}"))
     per_torchrun_worker = shlex.join(nsys_profile_words(reports / "rank%q{RANK}"))
+    why = "because a run in this run's directory would resume from its checkpoint, maybe past the window"
+    if run_num is not None:
+        fresh = f"  It trains a fresh run (--run_num {shlex.quote(run_num)}), {why}"
+    else:
+        fresh = (
+            f"  with another log.run_num than {Path(run_dir).name!r} (e.g. {fresh_run_num(run_dir)!r}), {why}"
+        )
     return [
         "To record the window with Nsight Systems (unless this process already runs under nsys), run",
-        f"  {nsys_command(run_dir, argv)}",
-        "  as a fresh run (another --run_num: in this run's directory it would resume from the checkpoint, "
-        "maybe past the window); nsys writes the .nsys-rep report when the program exits.",
+        f"  {shlex.join(nsys_profile_words(reports / 'rank0'))} {command}",
+        f"{fresh}; nsys writes the report {reports / 'rank0'}.nsys-rep when the program exits.",
         f"  Under srun, nsys goes after srun: srun ... {per_slurm_task} {command}",
         f"  Under torchrun, nsys runs inside each worker: torchrun ... --no-python {per_torchrun_worker} {command}",
     ]

@@ -36,16 +36,26 @@ class ConsoleReporter(Observer):
         log.info("  Total validation time: %s sec", report.validation.seconds)
         for line in report.validation.lines:
             log.info("%s", line)
-        performance = performance_line(report)
+        performance = performance_line(report, on_gpu=trainer.setup.device.is_gpu)
         if performance:
             log.info("%s", performance)
 
 
-def performance_line(report: EpochReport) -> str:
-    """'  Performance: 312.4 TFLOP/s per GPU, MFU 31.6%; peak memory 41.2 GB allocated, 44.0 GB reserved'."""
+def per_device(on_gpu: bool | None) -> str:
+    """What one share of the throughput runs on: 'GPU', 'CPU process' (each rank of a CPU run is a process),
+    or 'device' when the caller does not say."""
+    return "device" if on_gpu is None else "GPU" if on_gpu else "CPU process"
+
+
+def performance_line(report: EpochReport, on_gpu: bool | None = None) -> str:
+    """'  Performance: 312.4 TFLOP/s per GPU, MFU 31.6%; peak memory 41.2 GB allocated, 44.0 GB reserved'.
+
+    ``on_gpu`` picks 'per GPU' or 'per CPU process' (None: 'per device'); ``tflops_per_gpu`` keeps its name
+    on every device, so records stay comparable.
+    """
     parts = []
     if report.tflops_per_gpu is not None:
-        text = f"{report.tflops_per_gpu:.4g} TFLOP/s per GPU"
+        text = f"{report.tflops_per_gpu:.4g} TFLOP/s per {per_device(on_gpu)}"
         if report.mfu is not None:
             text += f", MFU {100 * report.mfu:.1f}%"
         parts.append(text)

@@ -285,10 +285,16 @@ def compile_model(model: torch.nn.Module, mode: str) -> Callable[..., torch.Tens
     return torch.compile(model, mode=mode)
 
 
-def describe_execution(cfg: RunConfig) -> str:
-    """The speed switches of a run in one phrase, e.g. 'amp bf16, tf32 on, compiled, gpu pipeline (4 workers)'."""
+def describe_execution(cfg: RunConfig, on_gpu: bool) -> str:
+    """The speed switches of a run in one phrase, e.g. 'amp bf16, tf32 on, compiled, gpu pipeline (4 workers)'.
+
+    TF32 is a GPU number format: a CPU run leaves its fp32 math as it is (``Device.configure``), so the phrase
+    names TF32 only ``on_gpu``.
+    """
     train, loader = cfg.train, cfg.loader
-    parts = [f"amp {train.amp_mode}", f"tf32 {'on' if train.tf32 else 'off'}"]
+    parts = [f"amp {train.amp_mode}"]
+    if on_gpu:
+        parts.append(f"tf32 {'on' if train.tf32 else 'off'}")
     if train.enable_jit:
         parts.append(f"torch.compile ({train.compile_mode})")
     if train.cuda_graphs:
@@ -319,7 +325,7 @@ def describe_run(run: BuiltRun) -> list[str]:
         f"{setup.schedule.peak_lr:.3g}{lr_note}, {optim.lr_schedule} schedule, warmup {optim.warmup} steps",
         f"Batch: global {setup.global_batch_size} (local {setup.local_batch_size} x "
         f"{setup.mesh.dp_size} data-parallel rank(s)); {plan.explanation}",
-        f"Execution: {describe_execution(cfg)}",
+        f"Execution: {describe_execution(cfg, setup.device.is_gpu)}",
     ]
     if setup.utilization is not None:
         u = setup.utilization

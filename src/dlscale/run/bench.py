@@ -16,6 +16,7 @@ import torch
 
 from dlscale.config import RunConfig
 from dlscale.perf.bench import BenchResults, Clock, run_trials
+from dlscale.perf.bench_config import BenchConfig
 from dlscale.perf.bench_plot import save_figure, throughput_figure
 from dlscale.perf.bench_report import (
     TrialSeries,
@@ -66,8 +67,8 @@ def run_benchmark(
 ) -> BenchResults:
     """Run the trials on a built training setup, print benchy's lines and a verdict, and write the JSON.
 
-    The JSON goes to ``output_path``, by default ``run_dir / bench.output_filename`` (an absolute
-    ``output_filename`` is kept as it is). Only rank 0 prints and writes. Never reads or writes checkpoints.
+    The JSON goes to ``output_path``, by default a new file in ``run_dir/bench/`` (:func:`default_bench_path`; an
+    absolute ``output_filename`` is kept as it is). Only rank 0 prints and writes. Never reads or writes checkpoints.
     """
     bench, process = cfg.bench, setup.process
     if process.is_main:
@@ -90,7 +91,9 @@ def run_benchmark(
         for line in summary_lines(tests):
             log.info("%s", line)
         if utilization:
-            log.info("%s", utilization_line(utilization, setup.utilization.describe()))
+            log.info(
+                "%s", utilization_line(utilization, setup.utilization.describe(), on_gpu=setup.device.is_gpu)
+            )
         energy = energy_line(tests)
         if energy:
             log.info("%s", energy)
@@ -99,7 +102,7 @@ def run_benchmark(
             log.info("BENCHY::MEMORY::peak device memory: %s", "; ".join(memory))
         log.info("%s", interval_line(tests))  # the verdict below compares these intervals
         log.info("%s", verdict.line())
-        path = Path(output_path) if output_path is not None else Path(run_dir) / bench.output_filename
+        path = Path(output_path) if output_path is not None else default_bench_path(Path(run_dir), bench)
         path = path.expanduser()
         log.info("BENCHY::INFO::Message: Writing JSON output to %s.", path)
         write_text_atomically(path, to_json(record))
@@ -110,6 +113,22 @@ def run_benchmark(
             save_figure(throughput_figure(["trials"], [results], title), path.with_suffix(".png")),
         )
     return BenchResults(tests, process.world_size, verdict, utilization, record, path)
+
+
+def default_bench_path(run_dir: Path, bench: BenchConfig, now: datetime | None = None) -> Path:
+    """``<run_dir>/bench/<date-time>-<output_filename>``: each bench in a file of its own, beside the training run
+    but not among its files, never over an earlier bench (a second in the same second gets ``-2``, ...)."""
+    name = Path(bench.output_filename).expanduser()
+    if name.is_absolute():
+        return name
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    folder = run_dir / "bench"
+    path = folder / f"{stamp}-{name.name}"
+    number = 2
+    while path.exists():
+        path = folder / f"{stamp}-{number}-{name.name}"
+        number += 1
+    return path
 
 
 def switched_on_knobs(cfg: RunConfig) -> set[str]:

@@ -43,7 +43,8 @@ class Device:
         """A readable description, e.g. 'NVIDIA H100 80GB HBM3' or 'cpu (2 threads)'."""
         if self.is_gpu:
             return torch.cuda.get_device_name(self.torch)
-        return f"cpu ({torch.get_num_threads()} threads)"
+        threads = torch.get_num_threads()
+        return f"cpu ({threads} thread{'s' if threads != 1 else ''})"
 
     def synchronize(self) -> None:
         """Wait for queued GPU work, so wall-clock timings are honest; nothing to wait for on the CPU."""

@@ -2,8 +2,10 @@
 
 Everything vendor-specific stays in this module; the sampler, the report and the CLI only see the plain
 ``GpuReading``/``HostReading`` values. Both GPU libraries are imported lazily, and their absence (or a machine
-without GPUs) means "no GPU backend", never an error. A field that a board does not support (the energy
-counter before Volta, the power limit on some consumer cards) reads as None instead of failing the sample.
+without GPUs) means "no GPU backend", never an error. On a machine without a GPU that is silent; where torch
+sees a GPU but its library cannot be used, one warning names the reason (the run then records no GPU power,
+energy or utilization). A field that a board does not support (the energy counter before Volta, the power
+limit on some consumer cards) reads as None instead of failing the sample.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class NvmlBackend:
     name = "NVML"
 
     def __init__(self, indices: Sequence[int] | None = None):
-        import pynvml  # lazy: not installed on CPU-only machines
+        import pynvml  # lazy: a dependency, but a custom environment may lack it, and it loads the driver
 
         self._nvml = pynvml
         pynvml.nvmlInit()
@@ -237,19 +239,61 @@ class AmdSmiBackend:
         _optional(self._amd.amdsmi_shut_down)
 
 
+def gpu_library_expected() -> str | None:
+    """The GPU library this machine should answer to: "NVML" where torch sees a CUDA GPU, "amdsmi" where it
+    sees a ROCm one, None where torch sees no GPU (nothing to monitor, which is not a problem)."""
+    import torch  # lazy: only asked when no GPU library could be opened
+
+    if not torch.cuda.is_available():
+        return None
+    return "amdsmi" if torch.version.hip else "NVML"
+
+
+_warned: set[str] = set()  # the warnings already given in this process: each is given once
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or "no message"
+    return f"{type(exc).__name__}: {text}"
+
+
+def _unusable_library_message(library: str, reason: str) -> str:
+    fix = {
+        "NVML": "install nvidia-ml-py and check that the NVIDIA driver's libnvidia-ml loads",
+        "amdsmi": "install ROCm's amdsmi Python package",
+    }[library]
+    return (
+        f"GPU metrics off: torch sees a GPU but {library} cannot be used ({reason}); GPU power, energy and "
+        f"utilization are not recorded ({fix})"
+    )
+
+
 def open_gpu_backend(indices: Sequence[int] | None = None) -> GpuBackend | None:
     """The first GPU library that loads and sees at least one GPU (NVML, then amdsmi); None otherwise.
 
     Never raises: a missing library, a driver that fails to initialise or a GPU-less node all mean "no GPU
-    metrics", which the caller reports once.
+    metrics". Where torch sees a GPU, the reason its library failed is logged as one warning (once per
+    process); on a machine without a GPU nothing is logged beyond debug.
     """
+    reasons: dict[str, str] = {}
     for backend_class in (NvmlBackend, AmdSmiBackend):
         try:
             backend = backend_class(indices)
         except Exception as exc:  # ImportError, NVMLError (no driver/GPU), amdsmi errors, a bad index
-            log.debug("%s unavailable: %s", backend_class.name, exc)
+            reasons[backend_class.name] = _one_line(exc)
+            log.debug("%s unavailable: %s", backend_class.name, reasons[backend_class.name])
             continue
         if backend._devices:
             return backend
+        reasons[backend_class.name] = f"{backend_class.name} sees no GPU"
         backend.close()
+    library = gpu_library_expected()
+    if library is not None:
+        _warn_once(_unusable_library_message(library, reasons.get(library, "no reason given")))
     return None
