@@ -29,9 +29,18 @@ $(STAMP): pyproject.toml examples/heat2d/pyproject.toml
 	$(BIN)/python -m pip install -q -e examples/heat2d
 	@touch $(STAMP)
 
+# A finished demo whose config has not changed since is reported without starting Python (a second, not the
+# seconds of importing torch and loading the checkpoint); anything else goes to dlscale, which decides.
+DEMO_RUN := runs/$(DEMO_CONFIG)/00
 demo: $(STAMP)
-	$(BIN)/dlscale data synth-era5 --out $(DEMO_DATA) --preset demo --if-missing
-	$(BIN)/dlscale train --yaml_config configs/vit_era5.yaml --config $(DEMO_CONFIG)
+	@if [ -f $(DEMO_RUN)/summary.json ] && grep -q '"outcome": "finished"' $(DEMO_RUN)/summary.json \
+		&& [ $(DEMO_RUN)/summary.json -nt configs/vit_era5.yaml ] && [ -f $(DEMO_DATA)/manifest.json ]; then \
+		echo "The demo already finished: its results are in $(DEMO_RUN) (summary.json, figures/, tensorboard/)."; \
+		echo "To train it again: rm -r $(DEMO_RUN) && make demo"; \
+	else \
+		$(BIN)/dlscale data synth-era5 --out $(DEMO_DATA) --preset demo --if-missing && \
+		$(BIN)/dlscale train --yaml_config configs/vit_era5.yaml --config $(DEMO_CONFIG); \
+	fi
 
 test: lint
 	$(BIN)/python -m pytest -q

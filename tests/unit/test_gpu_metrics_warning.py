@@ -89,7 +89,9 @@ def observer_run(tmp_path: Path, gpu: bool, caplog) -> MonitorObserver:
         plan=SimpleNamespace(steps_per_epoch=2),
         global_batch_size=4,
     )
-    trainer = SimpleNamespace(setup=setup, progress=SimpleNamespace(samples_seen=0), last_fetch_seconds=0.0)
+    trainer = SimpleNamespace(
+        setup=setup, progress=SimpleNamespace(samples_seen=0, global_step=0), last_fetch_seconds=0.0
+    )
     observer = MonitorObserver(MonitorConfig(monitor_interval_s=0.01))
     with caplog.at_level(logging.INFO, logger="dlscale.monitor"):
         observer.on_train_start(trainer)

@@ -30,7 +30,7 @@ from dlscale.report.log_config import LogConfig
 from dlscale.runtime.gpu_metrics import GpuReading, HostReading
 from dlscale.runtime.local_ranks import run_ranks
 
-HOST = HostReading(cpu_pct=25.0, memory_used_gb=4.0, memory_total_gb=16.0)
+HOST = HostReading(cpu_pct=25.0, process_memory_gb=0.75, memory_used_gb=4.0, memory_total_gb=16.0)
 
 
 def reading(power_w, energy_j=None, utilization=90.0, memory=10.0, index=0) -> GpuReading:
@@ -62,8 +62,15 @@ class FakeClock:
         return self.now
 
 
-def sampled(script, step_s: float = 1.0) -> list[Sample]:
-    sampler = MetricsSampler(FakeGpuBackend(script), clock=FakeClock(step_s), read_host_metrics=lambda: HOST)
+def sampled(script, step_s: float = 1.0, steps: list[int] | None = None) -> list[Sample]:
+    """One sample per entry of ``script``, labelled with ``steps`` (training steps) when given."""
+    labels = iter(steps if steps is not None else [None] * len(script))
+    sampler = MetricsSampler(
+        FakeGpuBackend(script),
+        clock=FakeClock(step_s),
+        read_host_metrics=lambda: HOST,
+        current_step=lambda: next(labels),
+    )
     return [sampler.sample_once() for _ in script]
 
 
@@ -130,7 +137,8 @@ def test_verdicts():
 def test_no_gpu_degrades_to_host_only(caplog):
     samples = [MetricsSampler(None, read_host_metrics=lambda: HOST).sample_once() for _ in range(2)]
     summary = summarize(samples)
-    assert summary.gpus == [] and summary.host_peak_memory_gb == 4.0
+    assert summary.gpus == [] and summary.process_peak_memory_gb == 0.75
+    assert summary.machine_peak_memory_used_gb == 4.0 and summary.machine_memory_total_gb == 16.0
     assert build_report(summary, 10, 1).lines()[0] == NO_GPU_MESSAGE
 
 
@@ -172,7 +180,8 @@ def test_csv_rows(tmp_path):
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == 5 and [r["gpu"] for r in rows] == ["0", "1", "0", "1", ""]
     assert rows[2]["power_w"] == "120.0" and rows[1]["energy_j"] == "" and rows[2]["elapsed_s"] == "1.000"
-    assert rows[4]["host_memory_used_gb"] == "4.0"
+    assert rows[4]["process_memory_gb"] == "0.75" and rows[4]["machine_memory_used_gb"] == "4.0"
+    assert rows[4]["machine_memory_total_gb"] == "16.0" and rows[4]["step"] == ""  # sampled outside training
 
 
 def test_tensorboard_tags(tmp_path):
@@ -180,15 +189,23 @@ def test_tensorboard_tags(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(str(tmp_path))
-    write_tensorboard(
-        writer, sampled([[reading(100.0), reading(50.0, index=1)], [reading(120.0), reading(60.0, index=1)]])
-    )
+    script = [[reading(100.0), reading(50.0, index=1)], [reading(120.0), reading(60.0, index=1)]]
+    samples = sampled(script, steps=[7, 8])
+    write_tensorboard(writer, samples)
     writer.close()
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"GPU0/power_W", "GPU1/utilization_pct", "GPU0/memory_GB", "Host/cpu_pct"} <= tags
+    assert {"Host/process_memory_GB", "Host/machine_memory_used_GB"} <= tags
     assert [e.value for e in events.Scalars("GPU0/power_W")] == [100.0, 120.0]
+    assert [e.step for e in events.Scalars("GPU0/power_W")] == [7, 8]  # the training steps
+    assert [e.wall_time for e in events.Scalars("GPU0/power_W")] == pytest.approx(
+        [s.wall_time for s in samples]
+    )
+    assert [e.value for e in events.Scalars("Host/process_memory_GB")] == [0.75, 0.75]
+    with pytest.raises(ValueError, match="without a training step"):
+        write_tensorboard(writer, sampled([[reading(100.0)]]))
 
 
 def fake_trainer(run_dir: Path, gpu: bool):
@@ -199,7 +216,8 @@ def fake_trainer(run_dir: Path, gpu: bool):
         plan=SimpleNamespace(steps_per_epoch=25),
         global_batch_size=4,
     )
-    return SimpleNamespace(setup=setup, progress=SimpleNamespace(samples_seen=0), last_fetch_seconds=0.002)
+    progress = SimpleNamespace(samples_seen=0, global_step=0)
+    return SimpleNamespace(setup=setup, progress=progress, last_fetch_seconds=0.002)
 
 
 @pytest.mark.parametrize("gpu", [True, False])
@@ -257,3 +275,99 @@ def test_monitor_live_count_with_fake_gpu(capsys, monkeypatch):
 def test_a_board_without_power_or_energy_readings_has_no_energy_not_zero():
     assert gpu_energy_j([0.0, 1.0, 2.0], [None, None, None], [None, None, None]) == (0.0, "none")
     assert gpu_energy_j([0.0, 1.0], [100.0, 300.0], [None, None]) == (200.0, "power integral")
+
+
+def test_host_memory_is_the_process_own_not_the_machine():
+    # The run's own process (with its loader workers) held 0.77 GB while the machine had 6.2 GB in use.
+    host = HostReading(cpu_pct=40.0, process_memory_gb=0.77, memory_used_gb=6.2, memory_total_gb=23.5)
+    busier = HostReading(cpu_pct=40.0, process_memory_gb=0.70, memory_used_gb=6.0, memory_total_gb=23.5)
+    samples = [MetricsSampler(None, read_host_metrics=lambda h=h: h).sample_once() for h in (busier, host)]
+    summary = summarize(samples)
+    assert summary.process_peak_memory_gb == 0.77
+    assert summary.machine_peak_memory_used_gb == 6.2 and summary.machine_memory_total_gb == 23.5
+    host_line = build_report(summary, 10, 1).lines()[1]
+    assert "process memory (with its loader workers) peak 0.77 GB" in host_line, host_line
+    assert "machine: CPU mean 40%, memory used peak 6.2 of 23.5 GB" in host_line, host_line
+    document = json.loads(json.dumps(build_report(summary, 10, 1).to_json()))
+    assert document["summary"]["process_peak_memory_gb"] == 0.77
+    assert document["summary"]["machine_peak_memory_used_gb"] == 6.2
+
+
+def wait_for_sample_at(observer: MonitorObserver, step: int) -> None:
+    """Wait until the sampler's thread has labelled a sample with ``step``."""
+    while not any(sample.step == step for sample in observer.sampler.samples):
+        threading.Event().wait(0.002)
+
+
+def train_steps(observer: MonitorObserver, trainer, first: int, last: int) -> None:
+    """Start at ``first`` (0 or a resumed step), take steps up to ``last`` and end, with samples at each."""
+    trainer.progress.global_step = first
+    observer.on_train_start(trainer)
+    wait_for_sample_at(observer, first)
+    for step in range(first + 1, last + 1):
+        observer.on_step_start(trainer)
+        trainer.progress.global_step = step  # the trainer counts the step before on_step_end
+        observer.on_step_end(trainer, None)
+        wait_for_sample_at(observer, step)
+    observer.on_train_end(trainer, "finished")
+
+
+def monitor_events(run_dir: Path, tag: str = "Host/cpu_pct"):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard" / "monitor"))
+    events.Reload()
+    return events.Scalars(tag)
+
+
+def tensorboard_observer() -> MonitorObserver:
+    return MonitorObserver(MonitorConfig(monitor_interval_s=0.005), tensorboard=True)
+
+
+def test_monitor_scalars_are_written_at_training_steps(tmp_path):
+    observer, trainer = tensorboard_observer(), fake_trainer(tmp_path, gpu=False)
+    train_steps(observer, trainer, first=10, last=13)  # a run resumed at step 10
+    events = monitor_events(tmp_path)
+    samples = observer.sampler.samples
+    # Every sample at the step it was taken at (several per step, as the sampler is faster than the steps),
+    # with its own wall time: not a unix-millisecond step.
+    assert sorted({event.step for event in events}) == [10, 11, 12, 13]
+    assert [(e.step, e.wall_time) for e in events] == [(s.step, pytest.approx(s.wall_time)) for s in samples]
+    rows = list(csv.DictReader((tmp_path / "monitor" / "rank0.csv").open()))
+    assert [int(row["step"]) for row in rows] == [s.step for s in samples]
+
+
+def test_a_resumed_run_hides_the_monitor_samples_of_the_lost_steps(tmp_path):
+    trainer = fake_trainer(tmp_path, gpu=False)
+    first = tensorboard_observer()
+    train_steps(first, trainer, first=0, last=3)  # interrupted after step 3, last checkpoint at step 1
+    second = tensorboard_observer()
+    train_steps(second, trainer, first=1, last=2)
+    shown = sorted((event.wall_time, event.step) for event in monitor_events(tmp_path))
+    kept = [s for s in first.sampler.samples if s.step <= 1] + second.sampler.samples  # at 1: both attempts
+    expected = sorted((s.wall_time, s.step) for s in kept)
+    assert [step for _, step in shown] == [step for _, step in expected]
+    assert [when for when, _ in shown] == pytest.approx([when for when, _ in expected])
+
+
+def test_a_rollback_hides_the_monitor_samples_of_the_steps_trained_again(tmp_path):
+    observer, trainer = tensorboard_observer(), fake_trainer(tmp_path, gpu=False)
+    observer.on_train_start(trainer)
+    for step in (1, 2, 3):
+        trainer.progress.global_step = step
+        observer.on_step_end(trainer, None)
+        wait_for_sample_at(observer, step)
+    trainer.progress.global_step = 1  # diverged at 3: back to the checkpoint of step 1
+    observer.on_rollback(trainer, None)
+    before_rollback = observer.flushed  # the samples the diverged attempt's writer got
+    trainer.progress.global_step = 2
+    observer.on_step_end(trainer, None)
+    while not any(s.step == 2 for s in observer.sampler.samples[before_rollback:]):
+        threading.Event().wait(0.002)
+    observer.on_train_end(trainer, "finished")
+    samples = observer.sampler.samples
+    # The diverged attempt's samples show up to the checkpoint's step only; the new writer's all show.
+    kept = [s for s in samples[:before_rollback] if s.step <= 1] + samples[before_rollback:]
+    shown = sorted((event.wall_time, event.step) for event in monitor_events(tmp_path))
+    expected = sorted((s.wall_time, s.step) for s in kept)
+    assert [step for _, step in shown] == [step for _, step in expected]

@@ -17,21 +17,12 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from dlscale.errors import ConfigError
-
 log = logging.getLogger("dlscale.parallel")
 
 
 def _fully_shard() -> Any:
-    try:
-        from torch.distributed.fsdp import fully_shard  # torch >= 2.6
-    except ImportError:
-        try:
-            from torch.distributed._composable.fsdp import fully_shard  # torch 2.4 and 2.5
-        except ImportError:
-            raise ConfigError(
-                "parallel.data_parallel 'fsdp' needs FSDP2 (torch >= 2.4); use 'ddp' with this torch"
-            ) from None
+    from torch.distributed.fsdp import fully_shard  # public since torch 2.6; dlscale needs torch >= 2.11
+
     return fully_shard
 
 

@@ -30,10 +30,12 @@ class Sample:
     wall_time: float  # seconds since the epoch, for the CSV and TensorBoard
     gpus: list[GpuReading]
     host: HostReading
+    step: int | None = None  # the training step reached when the sample was taken (None outside training)
 
 
 class MetricsSampler:
-    """Reads the GPUs (``gpu_backend``; None: host only) and the host every ``interval_s`` on a daemon thread.
+    """Reads the GPUs (``gpu_backend``; None: host only) and the host every ``interval_s`` on a daemon thread;
+    ``current_step`` (called on that thread) labels each sample with the training step reached by then.
 
     ``stop()`` wakes the thread at once and joins it, so stopping costs no waiting for the interval. The time
     spent inside the reads over the time sampled is ``overhead_fraction``.
@@ -45,9 +47,10 @@ class MetricsSampler:
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         read_host_metrics: Callable[[], HostReading] = read_host,
+        current_step: Callable[[], int | None] = lambda: None,
     ):
         self.gpu_backend, self.interval_s, self.clock = gpu_backend, interval_s, clock
-        self.read_host_metrics = read_host_metrics
+        self.read_host_metrics, self.current_step = read_host_metrics, current_step
         self._samples: list[Sample] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -75,7 +78,7 @@ class MetricsSampler:
                 if not self._reported_error:
                     log.warning("reading the GPUs failed (%s); those samples keep host metrics only", exc)
                     self._reported_error = True
-        sample = Sample(self.clock(), time.time(), gpus, self.read_host_metrics())
+        sample = Sample(self.clock(), time.time(), gpus, self.read_host_metrics(), self.current_step())
         with self._lock:
             self._samples.append(sample)
         self.busy_s += time.perf_counter() - begin
@@ -173,9 +176,10 @@ class MonitorSummary:
     duration_s: float
     sample_count: int
     gpus: list[GpuStats]
-    host_mean_cpu_pct: float | None
-    host_peak_memory_gb: float | None
-    host_memory_total_gb: float | None
+    host_mean_cpu_pct: float | None  # the whole machine's CPU
+    process_peak_memory_gb: float | None  # this process with its children (DataLoader workers), resident
+    machine_peak_memory_used_gb: float | None  # every process on the machine, not only this run
+    machine_memory_total_gb: float | None
 
     @property
     def energy_j(self) -> float:
@@ -183,7 +187,8 @@ class MonitorSummary:
 
 
 def summarize(samples: Sequence[Sample]) -> MonitorSummary:
-    """Per-GPU means, peaks and energy, and host means/peaks, over ``samples``."""
+    """Per-GPU means, peaks and energy, and host means/peaks (the process's memory apart from the machine's),
+    over ``samples``."""
     by_gpu: dict[int, list[tuple[float, GpuReading]]] = {}
     for sample in samples:
         for reading in sample.gpus:
@@ -217,8 +222,9 @@ def summarize(samples: Sequence[Sample]) -> MonitorSummary:
         sample_count=len(samples),
         gpus=gpus,
         host_mean_cpu_pct=_mean([s.host.cpu_pct for s in samples]),
-        host_peak_memory_gb=_peak([s.host.memory_used_gb for s in samples]),
-        host_memory_total_gb=_peak([s.host.memory_total_gb for s in samples]),
+        process_peak_memory_gb=_peak([s.host.process_memory_gb for s in samples]),
+        machine_peak_memory_used_gb=_peak([s.host.memory_used_gb for s in samples]),
+        machine_memory_total_gb=_peak([s.host.memory_total_gb for s in samples]),
     )
 
 
@@ -284,8 +290,14 @@ class EfficiencyReport:
         return [*lines, self._host_line(), *self.verdicts]
 
     def _host_line(self) -> str:
-        host_cpu, host_memory = self.summary.host_mean_cpu_pct, self.summary.host_peak_memory_gb
-        return f"Host: CPU mean {_fmt(host_cpu)}%, memory peak {_fmt(host_memory, 1)} GB"
+        summary = self.summary
+        machine_total = summary.machine_memory_total_gb
+        return (
+            f"Host: process memory (with its loader workers) peak {_fmt(summary.process_peak_memory_gb, 2)} GB; "
+            f"machine: CPU mean {_fmt(summary.host_mean_cpu_pct)}%, memory used peak "
+            f"{_fmt(summary.machine_peak_memory_used_gb, 1)}"
+            + (f" of {machine_total:.1f} GB" if machine_total else " GB")
+        )
 
     def to_json(self) -> dict:
         per_unit = {"joules_per_sample": self.joules_per_sample, "joules_per_epoch": self.joules_per_epoch}

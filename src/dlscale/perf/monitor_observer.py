@@ -2,8 +2,9 @@
 report on rank 0, and the spread across ranks with the slowest one named.
 
 Files: ``<run_dir>/monitor/rank<N>.csv`` (appended on resume), ``<run_dir>/monitor/efficiency.json`` (this
-attempt only) and TensorBoard events in ``<run_dir>/tensorboard/monitor``: a directory of its own because the
-trainer's writer purges events past the resumed step, a step axis that means nothing for time-based samples.
+attempt only) and TensorBoard events in ``<run_dir>/tensorboard/monitor`` (a run of its own in TensorBoard's list,
+next to the training curves). Each sample is labelled with the training step reached when it was taken, which
+is its TensorBoard step, so the monitor's curves line up with the loss; its wall time stays the sample's own.
 """
 
 from __future__ import annotations
@@ -29,16 +30,18 @@ from dlscale.training.observer import EpochReport, Observer
 log = logging.getLogger("dlscale.monitor")
 
 GPU_FIELDS = [field.name for field in fields(GpuReading)]  # index, name, utilization_pct, ...
-CSV_COLUMNS = ["wall_time", "elapsed_s", "gpu", *GPU_FIELDS[1:], "host_cpu_pct", "host_memory_used_gb",
-               "host_memory_total_gb"]  # fmt: skip
+CSV_COLUMNS = ["wall_time", "elapsed_s", "step", "gpu", *GPU_FIELDS[1:], "host_cpu_pct", "process_memory_gb",
+               "machine_memory_used_gb", "machine_memory_total_gb"]  # fmt: skip
 
 
 class MetricsCsv:
     """Appends samples to ``path``: one row per sample per GPU (one row with empty GPU fields when there are
-    none), host columns repeated on each row so that every row stands alone in a spreadsheet."""
+    none), host columns repeated on each row so that every row stands alone in a spreadsheet. A file with
+    other columns (written by an older dlscale, resumed now) is moved aside rather than appended to."""
 
     def __init__(self, path: Path, start_time_s: float | None = None):
         self.path, self.start_time_s = path, start_time_s
+        self._columns_checked = False
 
     def append(self, samples: Sequence[Sample]) -> None:
         if not samples:
@@ -46,29 +49,49 @@ class MetricsCsv:
         if self.start_time_s is None:
             self.start_time_s = samples[0].time_s
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._columns_checked:
+            self._move_aside_other_columns()
+            self._columns_checked = True
         new_file = not self.path.exists() or self.path.stat().st_size == 0
         with self.path.open("a", newline="") as file:
             writer = csv.writer(file)
             if new_file:
                 writer.writerow(CSV_COLUMNS)
             for sample in samples:
-                host = [sample.host.cpu_pct, sample.host.memory_used_gb, sample.host.memory_total_gb]
-                head = [f"{sample.wall_time:.3f}", f"{sample.time_s - self.start_time_s:.3f}"]
+                h = sample.host
+                host = [h.cpu_pct, h.process_memory_gb, h.memory_used_gb, h.memory_total_gb]
+                step = "" if sample.step is None else sample.step
+                head = [f"{sample.wall_time:.3f}", f"{sample.time_s - self.start_time_s:.3f}", step]
                 for gpu in sample.gpus or [None]:
                     values = (
                         [None] * len(GPU_FIELDS) if gpu is None else [getattr(gpu, n) for n in GPU_FIELDS]
                     )
                     writer.writerow(head + ["" if value is None else value for value in values] + host)
 
+    def _move_aside_other_columns(self) -> None:
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with self.path.open(newline="") as file:
+            header = next(csv.reader(file), [])
+        if header != CSV_COLUMNS:
+            aside = self.path.with_name(f"{self.path.stem}.other-columns{self.path.suffix}")
+            self.path.replace(aside)
+            log.info("%s has other columns (an older dlscale wrote it): moved to %s", self.path, aside)
+
 
 def write_tensorboard(writer, samples: Sequence[Sample]) -> None:
     """Per-GPU and host scalars of ``samples`` on ``writer`` (a SummaryWriter).
 
-    The step is the sample's wall time in milliseconds (unique and still increasing after a resume), and the
-    event time is the sample's, so TensorBoard's "Relative"/"Wall" axes line up with the training curves.
+    The step is the training step reached when the sample was taken, so the curves line up with the training
+    curves' step axis; the event's wall time is the sample's own, for TensorBoard's "Relative"/"Wall" axes.
+    Samples come every ``monitor_interval_s`` whatever the step rate, so one step may hold several samples of
+    a tag (a slow step, or the time before the first step), which TensorBoard draws at that step, and a step
+    may hold none (fast steps).
     """
     for sample in samples:
-        step, when = int(sample.wall_time * 1000), sample.wall_time
+        if sample.step is None:
+            raise ValueError("a monitor sample without a training step cannot go on TensorBoard's step axis")
+        step, when = sample.step, sample.wall_time
         for gpu in sample.gpus:
             for tag, value in (
                 ("power_W", gpu.power_w),
@@ -79,8 +102,10 @@ def write_tensorboard(writer, samples: Sequence[Sample]) -> None:
             ):
                 if value is not None:
                     writer.add_scalar(f"GPU{gpu.index}/{tag}", value, step, walltime=when)
-        writer.add_scalar("Host/cpu_pct", sample.host.cpu_pct, step, walltime=when)
-        writer.add_scalar("Host/memory_GB", sample.host.memory_used_gb, step, walltime=when)
+        host = sample.host
+        writer.add_scalar("Host/cpu_pct", host.cpu_pct, step, walltime=when)  # the whole machine
+        writer.add_scalar("Host/process_memory_GB", host.process_memory_gb, step, walltime=when)  # + workers
+        writer.add_scalar("Host/machine_memory_used_GB", host.memory_used_gb, step, walltime=when)
 
 
 @dataclass
@@ -171,6 +196,7 @@ class MonitorObserver(Observer):
         self.start_samples_seen = 0
         self.input_wait_s = 0.0  # host time spent fetching batches (the trainer's next(batches))
         self.steps = 0
+        self.step = 0  # the training step reached so far: the label of the samples taken now
         self.report = None
         self.closed = False  # sampler stopped and GPU library released
 
@@ -194,11 +220,19 @@ class MonitorObserver(Observer):
         rank, run_dir = setup.process.rank, Path(setup.run_dir)
         self.csv = MetricsCsv(run_dir / "monitor" / f"rank{rank}.csv")
         if rank == 0 and self.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter  # only rank 0 pays for the import
-
-            self.writer = SummaryWriter(str(run_dir / "tensorboard" / "monitor"))
+            self._open_writer(trainer)
         self.start_samples_seen = trainer.progress.samples_seen
-        self.sampler = MetricsSampler(backend, interval).start()
+        self.step = trainer.progress.global_step
+        # The sampler's thread reads self.step, which the hooks below move on as training goes.
+        self.sampler = MetricsSampler(backend, interval, current_step=lambda: self.step).start()
+
+    def _open_writer(self, trainer) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # only rank 0 pays for the import
+
+        # As the trainer's own writer does: hide what an earlier, interrupted attempt wrote after the step this
+        # run continues from, so a resumed run does not show the lost steps' samples next to its own.
+        directory = Path(trainer.setup.run_dir) / "tensorboard" / "monitor"
+        self.writer = SummaryWriter(str(directory), purge_step=trainer.progress.global_step + 1)
 
     def on_step_start(self, trainer) -> None:
         # The trainer times exactly the fetch of the batch (not the stop agreement, which waits for every
@@ -206,8 +240,21 @@ class MonitorObserver(Observer):
         self.input_wait_s += trainer.last_fetch_seconds
         self.steps += 1
 
+    def on_step_end(self, trainer, loss) -> None:
+        self.step = trainer.progress.global_step
+
     def on_epoch_end(self, trainer, report: EpochReport) -> None:
+        self.step = trainer.progress.global_step
         self.flush()
+
+    def on_rollback(self, trainer, divergence) -> None:
+        # Training goes back to the checkpoint's step: the samples so far keep the steps they were taken at,
+        # and a fresh writer hides those past it in TensorBoard (the steps are trained again).
+        self.step = trainer.progress.global_step
+        self.flush()
+        if self.writer is not None:
+            self.writer.close()
+            self._open_writer(trainer)
 
     def flush(self) -> None:
         """Write the samples taken since the last flush to the CSV (and TensorBoard on rank 0)."""

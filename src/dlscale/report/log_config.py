@@ -7,6 +7,8 @@ from typing import Literal
 
 from dlscale.errors import InvalidValue
 
+LOGGERS = ("csv", "tensorboard", "wandb", "mlflow")  # the backends of dlscale.report.loggers
+
 
 @dataclass
 class LogConfig:
@@ -18,7 +20,11 @@ class LogConfig:
         "auto"  # auto: a bar on a terminal, plain lines in logs
     )
     progress_interval_s: float = 30.0  # seconds between plain progress lines
-    tensorboard: bool = True  # write TensorBoard scalars and images
+    tensorboard: bool = True  # write TensorBoard scalars and images (false: none, whatever ``loggers`` says)
+    # Where scalars go besides <run>/metrics/steps.csv and epochs.csv (always written): tensorboard, wandb
+    # (offline unless WANDB_MODE says otherwise), mlflow (a file store under the run unless MLFLOW_TRACKING_URI).
+    # A tuple: the command line would read a list[str] key as one verbatim string.
+    loggers: tuple[str, ...] = ("tensorboard",)
     image_channel: str | None = None  # channel of the prediction-vs-target image; null: the workload's choice
     rank_logs: bool = False  # every other rank also logs, to <run>/ranks/rank<N>.log (for debugging)
     # A requeued job (same Slurm job id) whose previous run still holds the run directory waits this long for it
@@ -29,5 +35,19 @@ class LogConfig:
             raise InvalidValue("run_num", f"must be a non-empty name without '/', got {self.run_num!r}")
         if self.progress_interval_s <= 0:
             raise InvalidValue("progress_interval_s", f"must be > 0, got {self.progress_interval_s}")
+        unknown = [name for name in self.loggers if name not in LOGGERS]
+        if unknown:
+            raise InvalidValue(
+                "loggers",
+                f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)} (csv is always on)",
+            )
+        repeated = sorted({name for name in self.loggers if self.loggers.count(name) > 1})
+        if repeated:
+            raise InvalidValue("loggers", f"{repeated[0]!r} is listed more than once")
         if not 0 <= self.lock_wait_s < float("inf"):
             raise InvalidValue("lock_wait_s", f"must be a number of seconds >= 0, got {self.lock_wait_s}")
+
+    @property
+    def writes_tensorboard(self) -> bool:
+        """TensorBoard is on when ``loggers`` names it and ``tensorboard`` does not switch it off."""
+        return self.tensorboard and "tensorboard" in self.loggers

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from dlscale.report.figures import loss_curve_figure, prediction_figure, save_png
+from dlscale.report.loggers import EPOCHS_CSV, STEPS_CSV, read_csv_columns
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
 from dlscale.training.divergence import Divergence
@@ -37,10 +38,12 @@ class RunSummary(Observer):
         tensorboard_dir: Path | None,
         checkpoint_dir: Path | None,
         explain_divergence: Callable[[Divergence], str] = Divergence.describe,
+        loss_name: str | None = None,
     ):
         """``explain_divergence``: the paragraph logged when the run diverged (the run layer's names the last
-        good checkpoint and what to try)."""
+        good checkpoint and what to try); ``loss_name``: what the training loss is, for the figure's axis."""
         self.run_dir = run_dir
+        self.loss_name = loss_name
         self.explain_divergence = explain_divergence
         self.tensorboard_dir = tensorboard_dir
         self.checkpoint_dir = checkpoint_dir
@@ -88,6 +91,8 @@ class RunSummary(Observer):
         log.info("Outputs of this run:")
         log.info("  log:         %s", self.run_dir / "out.log")
         log.info("  config:      %s", self.run_dir / "config.yaml")
+        if (self.run_dir / STEPS_CSV).is_file():
+            log.info("  metrics:     %s, %s", self.run_dir / STEPS_CSV, (self.run_dir / EPOCHS_CSV).name)
         if self.checkpoint_dir is not None:
             log.info("  checkpoints: %s", self.checkpoint_dir)
         if self.tensorboard_dir is not None:
@@ -104,10 +109,15 @@ class RunSummary(Observer):
         history = trainer.progress.history
         paths = []
         if history:
-            title = f"{trainer.setup.record.name}: {len(history)} epochs"
-            paths.append(
-                save_png(loss_curve_figure(history, title), self.run_dir / "figures" / "loss_curves.png")
+            # Every step of the run, earlier attempts included (the CSV holds them all, a resume's rows after
+            # its checkpoint dropped); written out by the metrics observer before this one is told.
+            columns = read_csv_columns(self.run_dir / STEPS_CSV)
+            step_losses = (columns["step"], columns["train_loss"]) if "train_loss" in columns else None
+            title = (
+                f"{trainer.setup.record.name}: {len(history)} epochs, {trainer.progress.global_step} steps"
             )
+            figure = loss_curve_figure(history, title, step_losses, self.loss_name)
+            paths.append(save_png(figure, self.run_dir / "figures" / "loss_curves.png"))
         if self.last is not None and self.last.validation.example is not None:
             figure = prediction_figure(
                 self.last.validation.example, f"epoch {self.last.epoch}, first validation sample"

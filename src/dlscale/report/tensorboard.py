@@ -1,69 +1,60 @@
-"""TensorBoard scalars under the tutorials' tags, plus a prediction-vs-target image each epoch.
+"""TensorBoard as a :class:`~dlscale.report.loggers.MetricLogger`: the tutorials' tags, plus an image each epoch.
 
-Tags: ``Loss/train``, ``Loss/valid``, ``RMSE(u10m)/valid`` (the workload's headline metric), ``Learning Rate``,
-``Avg iters per sec``, ``Avg samples per sec``; and dlscale's own: every channel's metric
-(``RMSE/<channel>/valid``) and the baseline's (``.../persistence``), drawn as a reference line. The x-axis is
-the optimizer step, as in the tutorials. Performance: ``Performance/TFLOPs per GPU``, ``Performance/MFU``
-and ``Memory/peak <allocated|reserved|host_rss> GB`` per epoch.
+Tags (made by :mod:`dlscale.report.metrics_observer`): ``Loss/train``, ``Loss/valid``, ``RMSE(u10m)/valid`` (the
+workload's headline metric), ``Learning Rate``, ``Avg iters per sec``, ``Avg samples per sec``; and dlscale's
+own: every channel's metric (``RMSE/<channel>/valid``) and the baseline's (``.../persistence``), drawn as a
+reference line. The x-axis is the optimizer step, as in the tutorials. Performance: ``Performance/TFLOPs per
+GPU``, ``Performance/MFU`` and ``Memory/peak <allocated|reserved|host_rss> GB`` per epoch; every step's loss, LR,
+samples/s and peak memory under ``Step/``; the prediction-vs-target image ``Visualization, <channel>``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
-from dlscale.report.figures import figure_to_rgb, prediction_figure
-from dlscale.training.observer import EpochReport, Observer
 
+class TensorBoardLogger:
+    """Writes event files into ``directory``; opened at ``start_step``, it hides the events after that step."""
 
-class TensorBoardReporter(Observer):
-    """Writes event files into ``directory``; a resumed run drops events after its checkpoint's step."""
-
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, start_step: int = 0):
         self.directory = directory
         self.writer: SummaryWriter | None = None
+        self._open(start_step)
 
-    def on_train_start(self, trainer) -> None:
+    def _open(self, start_step: int) -> None:
         # purge_step hides the events that an earlier, interrupted attempt wrote after the step this run
         # continues from (all of them when it starts from scratch), so a curve never shows two points for one
         # step. Events *at* that step were written before its checkpoint (epoch-end scalars come before the
         # checkpoint is saved) and belong to the history this run continues.
-        self.writer = SummaryWriter(str(self.directory), purge_step=trainer.progress.global_step + 1)
+        self.writer = SummaryWriter(str(self.directory), purge_step=start_step + 1)
 
-    def on_rollback(self, trainer, divergence) -> None:
-        # The steps after the checkpoint are trained again: hide what the diverged attempt wrote for them.
-        self.on_train_end(trainer, "rolled back")
-        self.on_train_start(trainer)
-
-    def on_epoch_end(self, trainer, report: EpochReport) -> None:
-        writer, step = self.writer, trainer.progress.global_step
-        validation = report.validation
-        writer.add_scalar("Loss/train", report.train_loss, step)
-        writer.add_scalar("Loss/valid", validation.loss, step)
-        writer.add_scalar("Learning Rate", report.learning_rate, step)
-        writer.add_scalar("Avg iters per sec", report.iterations_per_second, step)
-        writer.add_scalar("Avg samples per sec", report.samples_per_second, step)
-        for name, value in validation.scalars.items():
-            writer.add_scalar(f"{name}/valid", value, step)
-        if report.tflops_per_gpu is not None:
-            writer.add_scalar("Performance/TFLOPs per GPU", report.tflops_per_gpu, step)
-        if report.mfu is not None:
-            writer.add_scalar("Performance/MFU", report.mfu, step)
-        for kind, gigabytes in report.peak_memory_gb.items():
-            writer.add_scalar(f"Memory/peak {kind} GB", gigabytes, step)
-        if validation.baseline_name:
-            for name, value in validation.baseline_scalars.items():
-                tag = "Loss" if name == "loss" else name
-                writer.add_scalar(f"{tag}/{validation.baseline_name}", value, step)
-        if validation.example is not None:
-            figure = prediction_figure(validation.example, f"epoch {report.epoch}, step {step}")
-            writer.add_image(
-                f"Visualization, {validation.example.channel}", figure_to_rgb(figure), step, dataformats="HWC"
-            )
+    def log_scalars(self, step: int, values: Mapping[str, float], wall_time: float) -> None:
+        writer = self._writer()
+        for tag, value in values.items():
+            writer.add_scalar(tag, value, step, walltime=wall_time)
         writer.flush()
 
-    def on_train_end(self, trainer, outcome: str) -> None:
+    def log_image(self, tag: str, rgb: Any, step: int) -> None:
+        """``rgb``: an (H, W, 3) uint8 array."""
+        writer = self._writer()
+        writer.add_image(tag, rgb, step, dataformats="HWC")
+        writer.flush()
+
+    def rewind(self, step: int) -> None:
+        # The steps after ``step`` are trained again (a rollback): hide what the undone attempt wrote for them.
+        self.close()
+        self._open(step)
+
+    def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+    def _writer(self) -> SummaryWriter:
+        if self.writer is None:
+            raise RuntimeError(f"the TensorBoard logger of {self.directory} is closed")
+        return self.writer

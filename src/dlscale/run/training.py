@@ -22,10 +22,11 @@ from dlscale.errors import DlscaleError, TrainingDiverged
 from dlscale.perf.memory_report import MemoryReport
 from dlscale.perf.monitor_observer import MonitorObserver
 from dlscale.report.console import ConsoleReporter
+from dlscale.report.loggers import missing_logger_package
+from dlscale.report.metrics_observer import MetricsReporter
 from dlscale.report.progress_display import ProgressReporter
 from dlscale.report.run_dir import early_logging, run_directory, setup_rank_logging, write_to_log_files
 from dlscale.report.summary import RunSummary
-from dlscale.report.tensorboard import TensorBoardReporter
 from dlscale.run.assembly import BuiltRun, build_training, describe_run
 from dlscale.run.bench import run_benchmark
 from dlscale.run.process_group import distributed_run
@@ -133,7 +134,9 @@ def _claim_run_directory(lock: RunDirectoryLock, cfg: RunConfig, run_dir: Path) 
     anything is built: a read-only ``checkpoints/`` must not surface an epoch later). The problem, if any."""
     try:
         lock.acquire()
-        leftovers = remove_stale_temporaries([run_dir, run_dir / "checkpoints", run_dir / "figures"])
+        leftovers = remove_stale_temporaries(
+            [run_dir, run_dir / "checkpoints", run_dir / "figures", run_dir / "metrics"]
+        )
         if leftovers:
             log.info(
                 "Removed %d temporary file(s) (%s) that interrupted saves left: %s",
@@ -150,10 +153,10 @@ def _claim_run_directory(lock: RunDirectoryLock, cfg: RunConfig, run_dir: Path) 
 
 def writable_directories(cfg: RunConfig, run_dir: Path) -> list[Path]:
     """The directories a training run writes into."""
-    directories = [run_dir, run_dir / "figures"]
+    directories = [run_dir, run_dir / "figures", run_dir / "metrics"]
     if cfg.checkpoint.enabled:
         directories.append(run_dir / "checkpoints")
-    if cfg.log.tensorboard:
+    if cfg.log.writes_tensorboard:
         directories.append(run_dir / "tensorboard")
     return directories
 
@@ -167,6 +170,14 @@ def _train_on_this_rank(
     extra_observers: list[Observer] | None,
 ) -> dict[str, Any] | None:
     """Train on this rank; rank 0's summary document (None on the other ranks)."""
+    if not cfg.bench.enable_benchy:
+        # Before anything is built, and on every rank alike: a logger whose package is missing is a one-line
+        # error naming the extra to install, not a traceback an epoch later.
+        problem = share_from_main(
+            missing_logger_package(cfg.log.loggers) if process.is_main else None, device
+        )
+        if problem is not None:
+            raise problem
     run = build_training(cfg, run_dir, process, device, training=not cfg.bench.enable_benchy)
     setup = run.setup
     if setup.progress.completed:
@@ -189,7 +200,11 @@ def _train_on_this_rank(
         write_text_atomically(run_dir / "config.yaml", cfg.to_yaml())
     # The GPU/host monitor runs on every rank: its end-of-run report gathers numbers from all of them.
     monitors = (
-        [MonitorObserver(cfg.monitor, cfg.parallel.data_parallel == "dataparallel", cfg.log.tensorboard)]
+        [
+            MonitorObserver(
+                cfg.monitor, cfg.parallel.data_parallel == "dataparallel", cfg.log.writes_tensorboard
+            )
+        ]
         if cfg.monitor.enable_monitor
         else []
     )
@@ -232,11 +247,12 @@ def build_observers(run: BuiltRun) -> list[Observer]:
         ProgressReporter(cfg.log.progress, cfg.log.progress_interval_s),
         MemoryReport(),
     ]
-    tensorboard_dir = run_dir / "tensorboard" if cfg.log.tensorboard else None
-    if tensorboard_dir is not None:
-        observers.append(TensorBoardReporter(tensorboard_dir))
+    tensorboard_dir = run_dir / "tensorboard" if cfg.log.writes_tensorboard else None
     if cfg.checkpoint.enabled:
         observers.append(CheckpointObserver(cfg.checkpoint, run.checkpoints, save_at_start=rollback))
+    # After the checkpoints (it writes its rows when a save has read the loss) and before RunSummary (which
+    # plots its steps.csv).
+    observers.append(MetricsReporter(cfg.log, run_dir))
     checkpoint_dir = run.checkpoints.directory if cfg.checkpoint.enabled else None
     observers.append(
         RunSummary(
@@ -244,6 +260,7 @@ def build_observers(run: BuiltRun) -> list[Observer]:
             tensorboard_dir,
             checkpoint_dir,
             explain_divergence=lambda divergence: divergence_message(divergence, cfg, run.checkpoints),
+            loss_name=getattr(run.workload, "loss_name", None),
         )
     )
     return observers

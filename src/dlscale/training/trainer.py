@@ -45,6 +45,9 @@ class Trainer:
         self.guard = DivergenceGuard(setup, self.progress, recovery)
         self._pending_loss: torch.Tensor | None = None  # device-side sum of losses not yet in progress
         self.last_fetch_seconds = 0.0  # host time the last batch took to arrive (for monitors)
+        # The global step at which flush_loss last waited for the device (a checkpoint's save, an epoch's end):
+        # an observer after the checkpoint observer may read device values then at no extra cost.
+        self.loss_read_at_step: int | None = None
 
     def fit(self) -> str:
         """Train until the plan is done ("finished"), a stop is requested ("stopped") or the loss diverges
@@ -186,6 +189,7 @@ class Trainer:
         if self._pending_loss is not None:
             self.progress.epoch_loss_sum += float(self._pending_loss)
             self._pending_loss = None
+            self.loss_read_at_step = self.progress.global_step
 
     def _notify(self, hook: str, *args: object) -> None:
         for observer in self.observers:
