@@ -467,3 +467,13 @@ def test_shipped_data_root_comes_from_the_environment(monkeypatch):
     cfg = load_shipped("short")
     assert cfg.data.root == "/scratch/sc23_data"
     assert cfg.data.path("train_data_path") == Path("/scratch/sc23_data/train")
+
+
+def test_a_list_of_words_from_the_command_line_is_read_as_a_list():
+    from dlscale.config.run_config import _is_text_type
+
+    # A str field (or str | None) takes the text verbatim; a list or tuple of str is parsed as YAML.
+    assert _is_text_type(str) and _is_text_type(str | None)
+    assert not _is_text_type(list[str]) and not _is_text_type(tuple[str, ...])
+    cfg = load_run_config(SHIPPED, "tiny", ["log.loggers=[tensorboard]", "log.run_num=007"])
+    assert cfg.log.loggers == ("tensorboard",) and cfg.log.run_num == "007"

@@ -22,7 +22,8 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from dlscale.checkpoint.checkpoint_config import CheckpointConfig
 from dlscale.config.typed import build_section, check_section_class, coerce, field_types, section_to_dict
@@ -265,7 +266,9 @@ def _apply_override(
 def _is_text_type(annotation: Any) -> bool:
     """True for str, ``str | None`` and Literal-of-strings fields: their command-line value is taken verbatim
     (so ``--run_num 00`` stays "00" and ``--set log.progress=none`` is not read as YAML null)."""
-    members = [a for a in (get_args(annotation) or (annotation,)) if a is not type(None)]
+    # Only a union's arguments are alternatives; list[str]'s argument is its items' type, not the value's.
+    alternatives = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    members = [a for a in alternatives if a is not type(None)]
     if get_origin(annotation) is Literal:
         return all(isinstance(a, str) for a in get_args(annotation))
     return len(members) == 1 and (members[0] is str or get_origin(members[0]) is Literal)
