@@ -281,7 +281,8 @@ def plot(result: dict, path: Path) -> None:
         {name: (row[name]["mean"], row[name]["std"]) for name in TEST_NAMES if name in row} for row in rows
     ]
     title = f"dlscale ladder, {result['config']} on {result['device']}"
-    save_figure(throughput_figure([row["rung"] for row in rows], results, title), path)
+    figure = throughput_figure([row["rung"] for row in rows], results, title, error_label="std of the trials")
+    save_figure(figure, path)
 
 
 def merge_rungs(earlier: dict, latest: dict) -> dict:

@@ -2,43 +2,59 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from dlscale.perf.bench_report import TEST_NAMES
+from dlscale.perf.bench_report import TEST_NAMES, TrialSeries
+from dlscale.perf.trial_statistics import mean_interval
 
 
 def throughput_figure(
-    labels: Sequence[str], results: Sequence[Mapping[str, tuple[float, float]]], title: str, xlabel: str = ""
+    labels: Sequence[str],
+    results: Sequence[Mapping[str, tuple[float, float]]],
+    title: str,
+    xlabel: str = "",
+    error_label: str = "95% CI",
 ) -> Figure:
-    """Grouped bars of mean global samples/s (error bar: the trials' std) per label and test.
+    """IO, SYNTHETIC and FULL mean global samples/s per label, one panel per test, each on its own linear axis
+    from zero (IO often runs 100x faster than the step: on one axis, or a log one, the others could not be read).
 
-    ``results[i]`` maps a test name (IO, SYNTHETIC, FULL) to (mean, std) for ``labels[i]``; missing tests are
-    left out.
+    ``results[i]`` maps a test name to (mean, error) for ``labels[i]``; the error bar is ``error_label`` (the 95%
+    interval's half-width for bench and sweep, the trials' std for older records). Missing tests are left out.
     """
-    figure = Figure(figsize=(max(5.0, 1.3 * len(labels) + 2), 3.8), layout="constrained")
-    axis = figure.add_subplot(1, 1, 1)
-    width = 0.8 / len(TEST_NAMES)
-    for offset, name in enumerate(TEST_NAMES):
-        positions = [
-            i + (offset - (len(TEST_NAMES) - 1) / 2) * width for i, r in enumerate(results) if name in r
-        ]
-        values = [r[name] for r in results if name in r]
-        if positions:
-            axis.bar(
-                positions, [m for m, _ in values], width, yerr=[s for _, s in values], capsize=3, label=name
-            )
-    axis.set_xticks(range(len(labels)), labels, fontsize=8)
-    heights = [mean for r in results for mean, _ in r.values() if mean > 0]
-    if heights and max(heights) > 20 * min(heights):
-        axis.set_yscale("log")  # e.g. IO 50x above SYNTHETIC: on a linear axis the other bars would vanish
-    axis.set_xlabel(xlabel)
-    axis.set_ylabel("global samples/s")
-    axis.set_title(title, fontsize=10)
-    axis.legend(fontsize=8)
+    names = [name for name in TEST_NAMES if any(name in r for r in results)]
+    width = max(3.2, 0.9 * len(labels) + 1.6)
+    figure = Figure(figsize=(width * max(1, len(names)), 3.9), layout="constrained")
+    axes = figure.subplots(1, max(1, len(names)), squeeze=False)[0]
+    for axis, name in zip(axes, names, strict=False):
+        positions = [i for i, r in enumerate(results) if name in r]
+        means = [results[i][name][0] for i in positions]
+        errors = [results[i][name][1] for i in positions]
+        bars = axis.bar(positions, means, 0.6, yerr=errors, capsize=3, color=_COLOURS[name])
+        axis.bar_label(
+            bars, labels=[f"{m:,.0f}" if m >= 100 else f"{m:.3g}" for m in means], fontsize=7, padding=2
+        )
+        axis.set_xticks(range(len(labels)), labels, fontsize=8)
+        axis.set_ylim(bottom=0)
+        axis.margins(y=0.15)
+        axis.set_title(name, fontsize=9)
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel(f"global samples/s (error bar: {error_label})", fontsize=8)
+        axis.grid(axis="y", alpha=0.3)
+    figure.suptitle(title, fontsize=10)
     return figure
+
+
+def plotted_interval(series: TrialSeries) -> tuple[float, float]:
+    """(mean, half-width of the 95% interval; 0 when one trial gives none) of a test, for the error bars."""
+    interval = mean_interval(series.trial_throughput)
+    return interval.mean, interval.half_width if math.isfinite(interval.half_width) else 0.0
+
+
+_COLOURS = {"IO": "tab:green", "SYNTHETIC": "tab:orange", "FULL": "tab:blue"}
 
 
 def save_figure(figure: Figure, path: Path) -> Path:

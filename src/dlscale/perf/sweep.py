@@ -22,8 +22,9 @@ from matplotlib.figure import Figure
 
 from dlscale.errors import ConfigError
 from dlscale.perf.bench import BenchResults
-from dlscale.perf.bench_plot import throughput_figure
+from dlscale.perf.bench_plot import plotted_interval, throughput_figure
 from dlscale.perf.bench_report import TEST_NAMES
+from dlscale.perf.trial_statistics import mean_interval
 from dlscale.report.figures import save_png
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
@@ -145,9 +146,9 @@ def run_sweep(specs: Sequence[SweepSpec], measure: Callable[[Point], BenchResult
     return rows
 
 
-def _mean_std(results: BenchResults, name: str) -> str:
+def _mean_interval(results: BenchResults, name: str) -> str:
     test = results.tests.get(name)
-    return "-" if test is None else f"{test.mean:.1f} ± {test.std:.1f}"
+    return "-" if test is None else mean_interval(test.trial_throughput).describe(unit="").replace("  ", " ")
 
 
 def sweep_table(rows: Sequence[SweepRow]) -> list[str]:
@@ -161,16 +162,16 @@ def sweep_table(rows: Sequence[SweepRow]) -> list[str]:
         full = row.results.utilization.get("FULL", {})
         tflops = f"{full['tflops_per_gpu']:.3f}" if full.get("tflops_per_gpu") is not None else "-"
         mfu = f"{full['mfu']:.1%}" if full.get("mfu") is not None else "-"
-        cells = [point_label(row.point), *(_mean_std(row.results, n) for n in TEST_NAMES), tflops, mfu]
+        cells = [point_label(row.point), *(_mean_interval(row.results, n) for n in TEST_NAMES), tflops, mfu]
         lines.append(f"| {' | '.join(cells)} | {row.results.verdict.kind} |")
     return lines
 
 
 def sweep_figure(rows: Sequence[SweepRow], title: str) -> Figure:
-    """Grouped bars of IO, SYNTHETIC and FULL mean samples/s per point, with the trials' std as error bars."""
+    """IO, SYNTHETIC and FULL mean samples/s per point, with the 95% interval of the trials as error bars."""
     # One line per key: several keys' labels side by side would overlap.
     labels = [point_label(row.point).replace(", ", "\n") for row in rows]
-    results = [{name: (t.mean, t.std) for name, t in row.results.tests.items()} for row in rows]
+    results = [{name: plotted_interval(t) for name, t in row.results.tests.items()} for row in rows]
     xlabel = ", ".join(key for key, _ in rows[0].point) if rows else ""
     return throughput_figure(labels, results, title, xlabel)
 

@@ -17,7 +17,7 @@ import torch
 from dlscale.config import RunConfig
 from dlscale.perf.bench import BenchResults, Clock, run_trials
 from dlscale.perf.bench_config import BenchConfig
-from dlscale.perf.bench_plot import save_figure, throughput_figure
+from dlscale.perf.bench_plot import plotted_interval, save_figure, throughput_figure
 from dlscale.perf.bench_report import (
     TrialSeries,
     Verdict,
@@ -106,12 +106,10 @@ def run_benchmark(
         path = path.expanduser()
         log.info("BENCHY::INFO::Message: Writing JSON output to %s.", path)
         write_text_atomically(path, to_json(record))
-        results = {name: (t.mean, t.std) for name, t in tests.items()}
+        results = {name: plotted_interval(t) for name, t in tests.items()}
         title = f"dlscale bench {cfg.name} on {setup.device.name}: {verdict.kind}"
-        log.info(
-            "BENCHY::INFO::Plot: %s",
-            save_figure(throughput_figure(["trials"], [results], title), path.with_suffix(".png")),
-        )
+        figure = throughput_figure([f"{bench.ntrials} trials of {bench.nbatches} batches"], [results], title)
+        log.info("BENCHY::INFO::Plot: %s", save_figure(figure, path.with_suffix(".png")))
     return BenchResults(tests, process.world_size, verdict, utilization, record, path)
 
 
