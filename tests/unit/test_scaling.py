@@ -291,3 +291,13 @@ def test_command_reports_a_bad_file_as_an_error(tmp_path, capsys):
     assert main(["scaling", str(tmp_path / "bad.json"), "--out", str(tmp_path / "out")]) == 2
     assert "bad.json: cannot read it as JSON" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_log_ticks_read_as_numbers_across_a_narrow_range():
+    from dlscale.perf.scaling import log_ticks
+
+    ticks = log_ticks(95, 180)
+    assert len(ticks) >= 3 and ticks == sorted(set(ticks))  # more than one tick within one power of two
+    assert all(95 <= t <= 180 for t in ticks)
+    assert all(float(f"{t:.2g}") == t for t in ticks)
+    assert log_ticks(5, 5) == [5]

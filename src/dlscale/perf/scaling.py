@@ -267,10 +267,32 @@ def scaling_table(study: ScalingStudy) -> list[str]:
     return lines
 
 
+def log_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """About ``count`` ticks spread evenly on a log axis from ``low`` to ``high``, each rounded to 2 significant
+    digits (so they read as numbers, not powers of two), in order and distinct."""
+    if not 0 < low < high:
+        return [high] if high > 0 else []
+    ratio = (high / low) ** (1 / (count - 1))
+    ticks = []
+    for index in range(count):
+        value = low * ratio**index
+        step = 10 ** (math.floor(math.log10(value)) - 1)  # one unit of the second significant digit
+        rounded = round(value / step) * step
+        # The ends are rounded inwards, so that they stay on the axis.
+        if rounded < low:
+            rounded += step
+        if rounded > high:
+            rounded -= step
+        rounded = float(f"{rounded:.2g}")
+        if low <= rounded <= high and rounded not in ticks:
+            ticks.append(rounded)
+    return ticks
+
+
 def scaling_figure(study: ScalingStudy) -> Figure:
     """Throughput vs GPUs (real, ideal, noddp) and efficiency vs GPUs, side by side on log2 x-axes."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import NullFormatter
 
     figure = Figure(figsize=(10, 4), layout="constrained")
     rate_axis, efficiency_axis = figure.add_subplot(1, 2, 1), figure.add_subplot(1, 2, 2)
@@ -294,7 +316,10 @@ def scaling_figure(study: ScalingStudy) -> Figure:
         axis.set_xlabel("GPUs")
         axis.legend(fontsize=8)
     rate_axis.set_yscale("log", base=2)  # with both axes logarithmic, ideal scaling is a straight line
-    rate_axis.yaxis.set_major_formatter(ScalarFormatter())  # 512 rather than 2^9
+    low, high = rate_axis.get_ylim()
+    # A study within one power of two would get a single power-of-two tick: place readable ones instead.
+    rate_axis.set_yticks(log_ticks(low, high), [f"{t:,.4g}" for t in log_ticks(low, high)])
+    rate_axis.yaxis.set_minor_formatter(NullFormatter())
     rate_axis.set_ylabel("FULL global samples/s")
     efficiency_axis.set_ylabel("scaling efficiency (%)")
     top = max([110.0] + [100 * (p.efficiency or p.noddp_efficiency or 0) + 5 for p in study.points])
