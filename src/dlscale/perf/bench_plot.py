@@ -26,9 +26,15 @@ def throughput_figure(
     interval's half-width for bench and sweep, the trials' std for older records). Missing tests are left out.
     """
     names = [name for name in TEST_NAMES if any(name in r for r in results)]
+    panels = max(1, len(names))
     width = max(3.2, 0.9 * len(labels) + 1.6)
-    figure = Figure(figsize=(width * max(1, len(names)), 3.9), layout="constrained")
-    axes = figure.subplots(1, max(1, len(names)), squeeze=False)[0]
+    # Few labels: the tests side by side; many (a ladder, a long sweep): one above the other, or they get too wide.
+    if len(labels) <= 4:
+        figure = Figure(figsize=(width * panels, 3.9), layout="constrained")
+        axes = figure.subplots(1, panels, squeeze=False)[0]
+    else:
+        figure = Figure(figsize=(width, 2.7 * panels + 0.6), layout="constrained")
+        axes = figure.subplots(panels, 1, squeeze=False)[:, 0]
     for axis, name in zip(axes, names, strict=False):
         positions = [i for i, r in enumerate(results) if name in r]
         means = [results[i][name][0] for i in positions]
