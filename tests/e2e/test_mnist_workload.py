@@ -15,8 +15,10 @@ from bench_records import only_bench_record
 from follows_eager import Losses, assert_follows_eager, train_and_keep_losses
 from run_configs import tiny_run_config
 
+import dlscale.report.summary as summary_module
 from dlscale.checkpoint.files import load_checkpoint
 from dlscale.cli import main
+from dlscale.report.figures import validation_figures
 from dlscale.run.training import train
 from dlscale.runtime.local_ranks import run_ranks
 
@@ -38,9 +40,23 @@ def final_checkpoint(expdir: Path) -> dict:
     return load_checkpoint(expdir / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")
 
 
-def test_tiny_config_learns_to_read_the_digits(tiny_mnist, tmp_path):
+def test_tiny_config_learns_to_read_the_digits(tiny_mnist, tmp_path, monkeypatch):
+    drawn = []  # the validations whose figures the summary drew
+
+    def keep(validation, title=""):
+        drawn.append(validation)
+        return validation_figures(validation, title)
+
+    monkeypatch.setattr(summary_module, "validation_figures", keep)
     assert train(tiny(tiny_mnist, tmp_path)) == 0
     run = tmp_path / "tiny" / "00"
+    # the classifier's figures: per-class accuracy and, for 10 classes, the confusion matrix of all 256 images
+    assert (run / "figures" / "class_accuracy.png").read_bytes()[:4] == b"\x89PNG"
+    assert (run / "figures" / "confusion_matrix.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (run / "figures" / "prediction_vs_target.png").exists()
+    [validation] = drawn
+    assert validation.class_counts.confusion.shape == (10, 10)
+    assert validation.class_counts.confusion.sum() == validation.samples == 256
     final = json.loads((run / "summary.json").read_text())["final"]
     assert final["headline"] == "accuracy" and final["baseline"] == "majority class"
     # 10 balanced-ish classes: chance is 10%, the majority class ~13% of the 256 validation images

@@ -40,3 +40,20 @@ def test_rank_sums_cover_every_metric():
     evaluator.reduce_across_ranks(lambda tensor: tensor.mul_(2), torch.device("cpu"))  # as if 2 equal ranks
     summary = evaluator.summary()
     assert summary.samples == 4 and summary.scalars["accuracy"] == pytest.approx(0.5)
+
+
+def test_the_confusion_matrix_counts_true_against_predicted_classes_over_batches_and_ranks():
+    labels = torch.tensor([0, 0, 1, 2, 2, 2])
+    predicted = torch.tensor([0, 1, 1, 2, 0, 2])
+    logits = F.one_hot(predicted, 3).float()
+    evaluator = ClassificationEvaluator(3, cross_entropy)
+    evaluator.update(torch.zeros(4, 1), labels[:4], logits[:4])
+    evaluator.update(torch.zeros(2, 1), labels[4:], logits[4:])
+    counts = evaluator.summary().class_counts
+    assert counts.confusion.tolist() == [[1, 1, 0], [0, 1, 0], [1, 0, 2]]
+    assert counts.confusion.sum() == 6 and counts.per_class_accuracy().tolist() == pytest.approx(
+        [0.5, 1, 2 / 3]
+    )
+    evaluator.reduce_across_ranks(lambda tensor: tensor.mul_(2), torch.device("cpu"))  # as if 2 equal ranks
+    summary = evaluator.summary()
+    assert summary.class_counts.confusion.sum() == summary.samples == 12

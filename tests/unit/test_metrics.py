@@ -10,6 +10,7 @@ import torch
 
 from dlscale.data.era5 import ERA5Dataset
 from dlscale.data.era5_config import ERA5DataConfig
+from dlscale.data.era5_layout import ERA5_CHANNELS
 from dlscale.data.synth_era5 import SynthERA5Spec, write_synthetic_era5
 from dlscale.errors import ConfigError
 from dlscale.training.metrics import (
@@ -19,7 +20,7 @@ from dlscale.training.metrics import (
     relative_l2_per_sample,
     weighted_rmse_per_sample,
 )
-from dlscale.workloads.era5_metrics import ERA5Evaluator
+from dlscale.workloads.era5_metrics import CHANNEL_QUANTITIES, ERA5Evaluator
 
 
 def cos_weights(height: int) -> np.ndarray:
@@ -273,3 +274,39 @@ def test_fewer_output_channels_use_the_first_input_channels_as_persistence(era5_
     assert set(summary.scalars) == {"RMSE(u10m)", "RMSE/u10", "RMSE/v10", "RMSE/t2m"}
     expected = direct_rmse(dataset, lambda x: x[:3])
     assert summary.baseline_scalars["RMSE/t2m"] == pytest.approx(expected[2], rel=1e-4)
+
+
+def test_every_era5_channel_has_a_quantity_and_a_unit() -> None:
+    assert set(CHANNEL_QUANTITIES) == set(ERA5_CHANNELS)
+    assert all(quantity and unit for quantity, unit in CHANNEL_QUANTITIES.values())
+
+
+def test_example_image_knows_its_unit_stats_and_place_on_the_globe(valid_set: ERA5Dataset) -> None:
+    evaluator = ERA5Evaluator(valid_set, image_channel="z500")
+    inputs, targets = next(batches(valid_set, 2))
+    evaluator.update(inputs, targets, targets)
+    example = evaluator.summary().example
+    c = valid_set.channel_names.index("z500")
+    assert (example.quantity, example.unit) == ("geopotential at 500 hPa", "m^2/s^2")
+    assert example.scale == pytest.approx(valid_set.stds[c]) and example.offset == pytest.approx(
+        valid_set.means[c]
+    )
+    # the physical field is what the file holds: the data set read without normalization
+    raw = ERA5Dataset(valid_set.cfg, "valid", normalize=False)[0][1][c].numpy()
+    np.testing.assert_allclose(example.physical(example.target), raw, rtol=1e-5)
+    # the whole 8 x 16 grid: pixel edges half a cell beyond 0..360 degrees east and +90..-90 degrees north
+    dlon, dlat = 360 / WIDTH, 180 / (HEIGHT - 1)
+    assert example.extent == pytest.approx((-dlon / 2, 360 - dlon / 2, -90 - dlat / 2, 90 + dlat / 2))
+    assert example.region is None
+
+
+def test_a_crop_has_the_extent_of_its_top_left_corner(era5_root: Path) -> None:
+    dataset = ERA5Dataset(ERA5DataConfig(root=str(era5_root), img_size=(4, 8)), "valid")
+    evaluator = ERA5Evaluator(dataset)
+    inputs, targets = next(batches(dataset, 1))
+    evaluator.update(inputs, targets, targets)
+    example = evaluator.summary().example
+    dlon, dlat = 360 / WIDTH, 180 / (HEIGHT - 1)
+    south = 90 - 3 * dlat - dlat / 2
+    assert example.extent == pytest.approx((-dlon / 2, 8 * dlon - dlon / 2, south, 90 + dlat / 2))
+    assert example.region == f"top-left 4x8 crop of the {HEIGHT}x{WIDTH} grid"

@@ -84,8 +84,8 @@ def test_prediction_figure_has_a_panel_per_field_and_renders(tmp_path):
     example = ExampleImage("t2m", field, field + 0.1, baseline=field - 0.2, baseline_name="persistence")
     figure = prediction_figure(example, "title")
     assert [a.get_title() for a in figure.axes if a.get_title()] == [
-        "t2m: target",
         "t2m: prediction",
+        "t2m: target",
         "t2m: prediction - target",
         "t2m: persistence - target",
     ]

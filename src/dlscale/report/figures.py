@@ -1,4 +1,5 @@
-"""Figures a person would rather look at than read: prediction vs target, and loss curves.
+"""Figures a person would rather look at than read: prediction vs target, a classifier's per-class accuracy
+and confusion matrix, and loss curves.
 
 Built with ``matplotlib.figure.Figure`` (no pyplot), so they work in any thread and without a display.
 """
@@ -11,34 +12,183 @@ from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter
 
-from dlscale.training.evaluate import ExampleImage
+from dlscale.training.evaluate import ClassCounts, EvalSummary, ExampleImage
+
+MAX_CONFUSION_CLASSES = 20  # a bigger confusion matrix is a grey wall: only the per-class accuracy is drawn
 
 
 def prediction_figure(example: ExampleImage, title: str = "") -> Figure:
-    """Target, prediction, their difference and (if any) the baseline's difference, for one channel."""
-    panels: list[tuple[str, np.ndarray, str]] = [
-        ("target", example.target, "viridis"),
-        ("prediction", example.prediction, "viridis"),
-        ("prediction - target", example.prediction - example.target, "RdBu_r"),
+    """Prediction and target on one colour scale, their difference on a diverging scale centred on 0, and (if
+    any) the baseline's difference on the same one, for one channel.
+
+    Values are in the example's unit (de-normalized) when it has one, else labelled "normalized value"; axes
+    are degrees of longitude and latitude when the example has an extent, else pixels.
+    """
+    prediction, target = example.physical(example.prediction), example.physical(example.target)
+    panels: list[tuple[str, np.ndarray]] = [
+        ("prediction", prediction),
+        ("target", target),
+        ("prediction - target", prediction - target),
     ]
     if example.baseline is not None:
-        panels.append((f"{example.baseline_name} - target", example.baseline - example.target, "RdBu_r"))
-    figure = Figure(figsize=(4.2 * len(panels), 3.2), layout="constrained")
-    low, high = float(np.min(example.target)), float(np.max(example.target))
-    error_limit = max(float(np.max(np.abs(panel))) for name, panel, _ in panels[2:]) or 1.0
-    for index, (name, image, cmap) in enumerate(panels):
+        panels.append((f"{example.baseline_name} - target", example.physical(example.baseline) - target))
+    value_label = (
+        f"{example.quantity or example.channel} [{example.unit}]" if example.unit else "normalized value"
+    )
+    error_label = f"difference [{example.unit}]" if example.unit else "difference (normalized)"
+    low = float(min(np.nanmin(prediction), np.nanmin(target)))
+    high = float(max(np.nanmax(prediction), np.nanmax(target)))
+    error_limit = max(float(np.nanmax(np.abs(panel))) for _, panel in panels[2:]) or 1.0
+    # A fixed layout: the constrained one measured every tick label and took two thirds of the drawing time.
+    width = 4.2 * len(panels)
+    figure = Figure(figsize=(width, 3.4))
+    figure.subplots_adjust(left=0.75 / width, right=1 - 0.85 / width, bottom=0.16, top=0.84, wspace=0.34)
+    for index, (name, image) in enumerate(panels):
         axis = figure.add_subplot(1, len(panels), index + 1)
-        limits = (low, high) if index < 2 else (-error_limit, error_limit)
-        shown = axis.imshow(image, cmap=cmap, vmin=limits[0], vmax=limits[1], aspect="auto")
+        field = index < 2
+        shown = axis.imshow(
+            image,
+            cmap="viridis" if field else "RdBu_r",
+            norm=Normalize(low, high) if field else Normalize(-error_limit, error_limit),
+            extent=example.extent,
+            aspect="auto",
+            interpolation="nearest",
+        )
         axis.set_title(f"{example.channel}: {name}", fontsize=9)
-        axis.set_xticks([])
-        axis.set_yticks([])
-        figure.colorbar(shown, ax=axis, shrink=0.8)
+        _label_axes(axis, example, first=index == 0)
+        bar = figure.colorbar(shown, ax=axis, fraction=0.05, pad=0.03)
+        bar.set_label(value_label if field else error_label, fontsize=8)
+        bar.ax.tick_params(labelsize=7)
     if title:
         figure.suptitle(title, fontsize=10)
     return figure
+
+
+def _label_axes(axis: Any, example: ExampleImage, first: bool) -> None:
+    """Degrees east and north on an image with an extent, pixel numbers on one without; the y label and, for a
+    crop, which part of the grid it is, on the first panel only."""
+    axis.tick_params(labelsize=7)
+    if example.extent is None:
+        axis.set_xlabel("x (pixel)", fontsize=8)
+        if first:
+            axis.set_ylabel("y (pixel)", fontsize=8)
+        return
+    west, east, south, north = example.extent
+    axis.xaxis.set_major_locator(FixedLocator(_degree_ticks(west, east)))
+    axis.yaxis.set_major_locator(FixedLocator(_degree_ticks(south, north)))
+    axis.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{_round(x):g}°E"))
+    axis.yaxis.set_major_formatter(FuncFormatter(_latitude_text))
+    region = f" ({example.region})" if example.region and first else ""
+    axis.set_xlabel(f"longitude{region}", fontsize=8)
+    if first:
+        axis.set_ylabel("latitude", fontsize=8)
+
+
+def _degree_ticks(low: float, high: float) -> list[float]:
+    """Round-numbered degrees inside [low, high]: multiples of the largest usual step that gives >= 4 ticks."""
+    low, high = min(low, high), max(low, high)
+    for step in (60, 30, 20, 10, 5, 2, 1, 0.5, 0.25, 0.1):
+        ticks = np.arange(np.ceil(low / step) * step, high + 1e-9, step)
+        if len(ticks) >= 4:
+            return [float(t) for t in ticks]
+    return [low, high]
+
+
+def _latitude_text(value: float, _position: Any) -> str:
+    value = _round(value)
+    return "0°" if value == 0 else f"{abs(value):g}°{'N' if value > 0 else 'S'}"
+
+
+def _round(degrees: float) -> float:
+    """Degrees without float noise, and without the sign of -0.0 ("-0°E")."""
+    return round(float(degrees), 6) + 0.0
+
+
+def class_accuracy_figure(counts: ClassCounts, title: str = "") -> Figure:
+    """Each class's validation accuracy as a bar, sorted from worst to best, with the chance level (1 / classes)
+    and the overall accuracy as lines."""
+    accuracy = counts.per_class_accuracy()
+    names = counts.names()
+    order = sorted(range(len(names)), key=lambda c: (np.nan_to_num(accuracy[c], nan=-1.0), c))
+    many = len(names) > 30
+    width, height = max(6.0, min(0.12 * len(names) + 2, 14.0)), 3.6
+    figure = Figure(figsize=(width, height))
+    figure.subplots_adjust(
+        left=0.7 / width,
+        right=1 - 0.2 / width,
+        bottom=(0.6 if many else 0.55) / height,
+        top=1 - 0.65 / height,
+    )
+    axis = figure.add_subplot(1, 1, 1)
+    heights = [0.0 if np.isnan(accuracy[c]) else 100 * accuracy[c] for c in order]
+    axis.bar(range(len(order)), heights, color="C0", width=0.8)
+    axis.axhline(100.0 / counts.num_classes, color="gray", ls="--", lw=1, label="chance (1 / classes)")
+    total = counts.confusion.sum()
+    if total:
+        overall = 100.0 * np.trace(counts.confusion) / total
+        axis.axhline(overall, color="C1", lw=1, label=f"overall {overall:.1f}%")
+    axis.set_xticks(range(len(order)))
+    axis.set_xticklabels([names[c] for c in order], rotation=90 if many else 0, fontsize=5 if many else 8)
+    axis.set_xlim(-0.6, len(order) - 0.4)
+    axis.set_ylim(0, 100)
+    axis.set_xlabel("class (sorted by accuracy)", fontsize=8)
+    axis.set_ylabel("validation accuracy (%)", fontsize=8)
+    axis.tick_params(axis="y", labelsize=8)
+    # above the bars, which may reach any height
+    axis.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)
+    if title:
+        figure.suptitle(title, fontsize=10)
+    return figure
+
+
+def confusion_figure(counts: ClassCounts, title: str = "") -> Figure:
+    """The confusion matrix as counts: rows the true class, columns the predicted one (each cell written)."""
+    matrix = np.asarray(counts.confusion)
+    names = counts.names()
+    side = 1.2 + 0.42 * len(names)
+    width, height = side + 1.8, side + 0.4  # room for the class names, and the colour bar on the right
+    figure = Figure(figsize=(width, height))
+    figure.subplots_adjust(left=0.8 / width, right=1 - 1.0 / width, bottom=0.8 / height, top=1 - 0.4 / height)
+    axis = figure.add_subplot(1, 1, 1)
+    shown = axis.imshow(matrix, cmap="Blues", interpolation="nearest")
+    ticks = range(len(names))
+    axis.set_xticks(ticks, names, fontsize=7, rotation=90 if max(map(len, names)) > 3 else 0)
+    axis.set_yticks(ticks, names, fontsize=7)
+    axis.set_xlabel("predicted class", fontsize=8)
+    axis.set_ylabel("true class", fontsize=8)
+    threshold = matrix.max() / 2 if matrix.size else 0
+    for (row, column), value in np.ndenumerate(matrix):
+        if value:
+            color = "white" if value > threshold else "black"
+            axis.text(column, row, str(int(value)), ha="center", va="center", fontsize=6, color=color)
+    bar = figure.colorbar(shown, ax=axis, fraction=0.05, pad=0.03)
+    bar.set_label("validation samples", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    axis.set_title(title or f"confusion matrix ({int(matrix.sum())} samples)", fontsize=9)
+    return figure
+
+
+def validation_figures(validation: EvalSummary, title: str = "") -> dict[str, Figure]:
+    """Every figure of one validation, by file stem (``prediction_vs_target``, ``class_accuracy``,
+    ``confusion_matrix``): those the workload's evaluator asked for by what it put in its summary. ``title``
+    (e.g. "epoch 3") starts each figure's title."""
+    lead = f"{title}, " if title else ""
+    figures: dict[str, Figure] = {}
+    if validation.example is not None:
+        figures["prediction_vs_target"] = prediction_figure(
+            validation.example, f"{lead}first validation sample"
+        )
+    counts = validation.class_counts
+    if counts is not None:
+        samples = f"{int(counts.confusion.sum())} validation samples"
+        figures["class_accuracy"] = class_accuracy_figure(counts, f"{lead}per-class accuracy, {samples}")
+        if counts.num_classes <= MAX_CONFUSION_CLASSES:
+            figures["confusion_matrix"] = confusion_figure(counts, f"{lead}confusion matrix, {samples}")
+    return figures
 
 
 def loss_curve_figure(

@@ -2,7 +2,8 @@
 
 Per step: ``epoch``, ``train_loss`` (the global batch's loss), ``lr``, ``samples_per_second`` and the device's
 peak memory (``peak_<allocated|reserved|host_rss>_gb``, the peak since the epoch's start). Per epoch: the
-tutorials' TensorBoard tags (see :mod:`dlscale.report.tensorboard`) and the validation's metrics.
+tutorials' TensorBoard tags (see :mod:`dlscale.report.tensorboard`) and the validation's metrics; the validation's
+figures every ``log.image_every`` epochs and at the last.
 
 No host sync of its own: each step's loss is copied into a buffer on the device, and the buffer is read (one
 transfer for all its steps) only where the trainer waits for the device anyway: right before the divergence
@@ -20,9 +21,10 @@ from typing import Any
 
 import torch
 
-from dlscale.report.figures import figure_to_rgb, prediction_figure
+from dlscale.report.figures import figure_to_rgb, validation_figures
 from dlscale.report.log_config import LogConfig
 from dlscale.report.loggers import ImageLogger, Loggers, open_loggers
+from dlscale.training.evaluate import EvalSummary
 from dlscale.training.observer import EpochReport, Observer
 
 MAX_BUFFERED_STEPS = 256  # at most one extra host sync per this many steps, when the guard reads less often
@@ -108,12 +110,13 @@ class MetricsReporter(Observer):
         values = epoch_scalars(report)
         for logger in self.loggers.epochs:
             logger.log_scalars(step, values, now)
-        example = report.validation.example
         image_loggers = [logger for logger in self.loggers.owned if isinstance(logger, ImageLogger)]
-        if example is not None and image_loggers:
-            rgb = figure_to_rgb(prediction_figure(example, f"epoch {report.epoch}, step {step}"))
-            for logger in image_loggers:
-                logger.log_image(f"Visualization, {example.channel}", rgb, step)
+        if image_loggers and self.cfg.draws_images(report.epoch, report.is_last):
+            figures = validation_figures(report.validation, f"epoch {report.epoch}, step {step}")
+            for stem, figure in figures.items():
+                rgb = figure_to_rgb(figure)
+                for logger in image_loggers:
+                    logger.log_image(image_tag(stem, report.validation), rgb, step)
 
     def on_rollback(self, trainer, divergence) -> None:
         # The steps after the restored position are trained again: write the buffered ones up to it, forget the
@@ -159,6 +162,14 @@ class MetricsReporter(Observer):
         self.losses.clear()
         self._pending = []
         self._window_started = time.perf_counter()
+
+
+def image_tag(stem: str, validation: EvalSummary) -> str:
+    """The TensorBoard tag of a validation figure: the tutorial's ``Visualization, <channel>`` for the
+    prediction, ``Visualization, class accuracy`` / ``confusion matrix`` for a classifier's."""
+    if stem == "prediction_vs_target" and validation.example is not None:
+        return f"Visualization, {validation.example.channel}"
+    return f"Visualization, {stem.replace('_', ' ')}"
 
 
 def epoch_scalars(report: EpochReport) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from dlscale.report.figures import loss_curve_figure, prediction_figure, save_png
+from dlscale.report.figures import loss_curve_figure, save_png, validation_figures
 from dlscale.report.loggers import EPOCHS_CSV, STEPS_CSV, read_csv_columns
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
@@ -118,11 +118,10 @@ class RunSummary(Observer):
             )
             figure = loss_curve_figure(history, title, step_losses, self.loss_name)
             paths.append(save_png(figure, self.run_dir / "figures" / "loss_curves.png"))
-        if self.last is not None and self.last.validation.example is not None:
-            figure = prediction_figure(
-                self.last.validation.example, f"epoch {self.last.epoch}, first validation sample"
-            )
-            paths.append(save_png(figure, self.run_dir / "figures" / "prediction_vs_target.png"))
+        if self.last is not None:
+            title = f"epoch {self.last.epoch}"
+            for stem, figure in validation_figures(self.last.validation, title).items():
+                paths.append(save_png(figure, self.run_dir / "figures" / f"{stem}.png"))
         return paths
 
     def summary(self, trainer, outcome: str, figures: list[Path]) -> dict[str, Any]:

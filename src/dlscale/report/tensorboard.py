@@ -5,7 +5,10 @@ workload's headline metric), ``Learning Rate``, ``Avg iters per sec``, ``Avg sam
 own: every channel's metric (``RMSE/<channel>/valid``) and the baseline's (``.../persistence``), drawn as a
 reference line. The x-axis is the optimizer step, as in the tutorials. Performance: ``Performance/TFLOPs per
 GPU``, ``Performance/MFU`` and ``Memory/peak <allocated|reserved|host_rss> GB`` per epoch; every step's loss, LR,
-samples/s and peak memory under ``Step/``; the prediction-vs-target image ``Visualization, <channel>``.
+samples/s and peak memory under ``Step/``; the validation's figures (:func:`dlscale.report.figures.
+validation_figures`) every ``log.image_every`` epochs and at the last: the prediction-vs-target image
+``Visualization, <channel>`` (in the channel's unit on degrees of longitude and latitude, when the workload knows
+them), a classifier's ``Visualization, class accuracy`` and, for up to 20 classes, ``confusion matrix``.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from dlscale.errors import DlscaleError
@@ -16,13 +17,51 @@ from dlscale.runtime.distributed import any_rank, is_distributed, sum_across_ran
 
 @dataclass
 class ExampleImage:
-    """One validation sample's channel, for the prediction-vs-target image."""
+    """One validation sample's channel, for the prediction-vs-target image.
+
+    The arrays hold what the model saw (normalized values, usually); ``scale`` and ``offset`` turn them into
+    the physical quantity (``value * scale + offset``, a data set's standard deviation and mean) when ``unit``
+    is known. Without ``unit`` the figure says "normalized value"; without ``extent``, its axes are pixels.
+    """
 
     channel: str
     target: Any  # (H, W) numpy array
     prediction: Any  # (H, W) numpy array
     baseline: Any | None = None  # (H, W) numpy array of the baseline prediction, if the workload has one
     baseline_name: str | None = None
+    quantity: str | None = None  # what the channel is, e.g. "2 m temperature"
+    unit: str | None = None  # of the physical values, e.g. "K"; None: the values stay normalized
+    scale: float = 1.0  # physical = value * scale + offset
+    offset: float = 0.0
+    # (west, east, south, north) edges of the image in degrees longitude / latitude; None: pixel axes
+    extent: tuple[float, float, float, float] | None = None
+    region: str | None = None  # what part of the grid the image is, when not all of it (said on the axes)
+
+    def physical(self, values: Any) -> Any:
+        """``values`` (one of the arrays) in ``unit``; unchanged when the unit is unknown."""
+        return values if self.unit is None else values * self.scale + self.offset
+
+
+@dataclass
+class ClassCounts:
+    """A classifier's validation counts, for the per-class accuracy and confusion-matrix figures."""
+
+    confusion: Any  # (classes, classes) numpy int array: row = true class, column = predicted class
+    class_names: tuple[str, ...] | None = None  # in label order; None: the labels' numbers
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.confusion.shape[0])
+
+    def names(self) -> list[str]:
+        """The class names, or the labels' numbers as text."""
+        return list(self.class_names) if self.class_names else [str(c) for c in range(self.num_classes)]
+
+    def per_class_accuracy(self) -> Any:
+        """The fraction of each class's samples classified right (NaN for a class with no sample)."""
+        samples = self.confusion.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(samples > 0, np.diag(self.confusion) / np.maximum(samples, 1), np.nan)
 
 
 @dataclass
@@ -36,6 +75,7 @@ class EvalSummary:
     baseline_name: str | None = None  # e.g. "persistence"
     baseline_scalars: dict[str, float] = field(default_factory=dict)  # the same metrics for the baseline
     example: ExampleImage | None = None
+    class_counts: ClassCounts | None = None  # a classifier's confusion matrix, for its figures
     seconds: float = 0.0
     samples: int = 0
 

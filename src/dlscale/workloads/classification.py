@@ -1,4 +1,6 @@
-"""Validation metrics shared by the classification workloads (MNIST, CIFAR): loss and top-1 accuracy.
+"""Validation metrics shared by the classification workloads (MNIST, CIFAR): loss and top-1 accuracy, and the
+confusion matrix (in the summary's ``class_counts``) that the report draws as per-class accuracy and, for up to
+20 classes, as a matrix.
 
 The baseline every classifier must beat is chance (1 / classes) and, stricter on an unbalanced validation set,
 always answering the most frequent class; both are reported next to the model's accuracy. The MNIST evaluator
@@ -7,13 +9,13 @@ adds the USC CARC workshop's own ``Test set: Average loss: ..., Accuracy: c/N (p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from dlscale.data.mnist_config import NUM_CLASSES as MNIST_CLASSES
-from dlscale.training.evaluate import EvalSummary, Evaluator
+from dlscale.training.evaluate import ClassCounts, EvalSummary, Evaluator
 from dlscale.training.metrics import MetricSums
 
 # (logits or log-probabilities (B, classes), labels (B,)) -> per-sample losses (B,)
@@ -23,13 +25,19 @@ PerSampleLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class ClassificationEvaluator(Evaluator):
     """Per-sample loss and top-1 accuracy, plus the class histogram for the majority-class baseline."""
 
-    def __init__(self, num_classes: int, per_sample_loss: PerSampleLoss):
+    def __init__(
+        self, num_classes: int, per_sample_loss: PerSampleLoss, class_names: Sequence[str] | None = None
+    ):
         self.num_classes = num_classes
         self.per_sample_loss = per_sample_loss
+        self.class_names = tuple(class_names) if class_names is not None else None
         self.reset()
 
     def reset(self) -> None:
-        self.sums = MetricSums().declare(loss=(), correct=(), labels=(self.num_classes,))
+        classes = self.num_classes
+        self.sums = MetricSums().declare(
+            loss=(), correct=(), labels=(classes,), confusion=(classes * classes,)
+        )
 
     def reduce_across_ranks(self, sum_: Callable[[torch.Tensor], None], device: torch.device) -> None:
         """Sum over data-parallel ranks (each evaluated its own share of the samples)."""
@@ -42,7 +50,14 @@ class ClassificationEvaluator(Evaluator):
             loss=self.per_sample_loss(predictions.float(), labels),
             correct=(predictions.argmax(dim=1) == labels).double(),
             labels=torch.nn.functional.one_hot(labels, self.num_classes).double(),
+            # (true, predicted) pairs counted for the whole batch at once: one row that the sum keeps as is
+            confusion=self._confusion_of_batch(labels, predictions).unsqueeze(0),
         )
+
+    def _confusion_of_batch(self, labels: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
+        """The batch's confusion counts, flattened: entry true * classes + predicted."""
+        pairs = labels * self.num_classes + predictions.argmax(dim=1)
+        return torch.bincount(pairs, minlength=self.num_classes * self.num_classes)
 
     def summary(self) -> EvalSummary:
         accuracy = float(self.sums.mean("correct"))
@@ -60,8 +75,14 @@ class ClassificationEvaluator(Evaluator):
             lines=[line],
             baseline_name="majority class",
             baseline_scalars={"accuracy": majority},
+            class_counts=self.class_counts(),
             samples=count,
         )
+
+    def class_counts(self) -> ClassCounts:
+        """The confusion matrix of the samples evaluated so far (summed over ranks once reduced)."""
+        flat = self.sums.sums["confusion"].cpu().round().to(torch.int64).numpy()
+        return ClassCounts(flat.reshape(self.num_classes, self.num_classes), self.class_names)
 
 
 def nll_per_sample(log_probabilities: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

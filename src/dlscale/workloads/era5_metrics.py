@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import h5py
 import numpy as np
 import torch
 
 from dlscale.data.era5 import ERA5Dataset
+from dlscale.data.era5_layout import FIELDS_KEY
 from dlscale.errors import ConfigError, did_you_mean
 from dlscale.training.evaluate import EvalSummary, Evaluator, ExampleImage
 from dlscale.training.metrics import (
@@ -22,12 +24,63 @@ HEADLINE_CHANNEL = "u10"
 DEFAULT_IMAGE_CHANNEL = "t2m"
 
 
+# What each of the 20 channels (dlscale.data.era5_layout.ERA5_CHANNELS, the tutorial's "u10m" is u10) is, and
+# its unit: u/v wind components, t temperature, z geopotential (not height), r relative humidity, at a
+# pressure level in hPa or near the surface.
+CHANNEL_QUANTITIES: dict[str, tuple[str, str]] = {
+    "u10": ("10 m eastward wind", "m/s"),
+    "v10": ("10 m northward wind", "m/s"),
+    "t2m": ("2 m temperature", "K"),
+    "sp": ("surface pressure", "Pa"),
+    "msl": ("mean sea-level pressure", "Pa"),
+    "t850": ("temperature at 850 hPa", "K"),
+    "u1000": ("eastward wind at 1000 hPa", "m/s"),
+    "v1000": ("northward wind at 1000 hPa", "m/s"),
+    "z1000": ("geopotential at 1000 hPa", "m^2/s^2"),
+    "u850": ("eastward wind at 850 hPa", "m/s"),
+    "v850": ("northward wind at 850 hPa", "m/s"),
+    "z850": ("geopotential at 850 hPa", "m^2/s^2"),
+    "u500": ("eastward wind at 500 hPa", "m/s"),
+    "v500": ("northward wind at 500 hPa", "m/s"),
+    "z500": ("geopotential at 500 hPa", "m^2/s^2"),
+    "t500": ("temperature at 500 hPa", "K"),
+    "z50": ("geopotential at 50 hPa", "m^2/s^2"),
+    "r500": ("relative humidity at 500 hPa", "%"),
+    "r850": ("relative humidity at 850 hPa", "%"),
+    "tcwv": ("total column water vapour", "kg/m^2"),
+}
+
+
 def channel_unit(name: str) -> str:
-    """The physical unit of an ERA5 channel, from its name (u10, t850, z500, ...)."""
-    for prefix, unit in (("tcwv", "kg/m2"), ("sp", "Pa"), ("msl", "Pa"), ("u", "m/s"), ("v", "m/s")):
-        if name.startswith(prefix):
-            return unit
-    return {"t": "K", "z": "m2/s2", "r": "%"}.get(name[:1], "")
+    """The physical unit of an ERA5 channel (u10, t850, z500, ...); "" for a channel the table lacks."""
+    return CHANNEL_QUANTITIES.get(name, ("", ""))[1]
+
+
+def grid_extent(
+    dataset_latitudes: np.ndarray, file_shape: tuple[int, int], width: int
+) -> tuple[tuple[float, float, float, float], str | None]:
+    """The (west, east, south, north) pixel edges in degrees of the top-left crop of ``width`` columns whose
+    rows lie at ``dataset_latitudes``, in a file grid of ``file_shape`` rows (+90 to -90) and columns (0 to 360
+    degrees east); and, for a crop, what part of the grid it is (None when it is the whole grid)."""
+    file_height, file_width = file_shape
+    height = len(dataset_latitudes)
+    dlat = 180.0 / max(file_height - 1, 1)
+    dlon = 360.0 / file_width
+    north = float(dataset_latitudes[0]) + dlat / 2
+    south = float(dataset_latitudes[-1]) - dlat / 2
+    extent = (-dlon / 2, (width - 0.5) * dlon, south, north)
+    whole = (height, width) == (file_height, file_width)
+    region = None if whole else f"top-left {height}x{width} crop of the {file_height}x{file_width} grid"
+    return extent, region
+
+
+def file_grid_shape(dataset: ERA5Dataset) -> tuple[int, int] | None:
+    """(rows, columns) of the split's files, read from the first file's header (None without a file)."""
+    if not dataset.files:
+        return None
+    with h5py.File(dataset.files[0], "r") as file:
+        rows, columns = file[FIELDS_KEY].shape[-2:]
+    return int(rows), int(columns)
 
 
 class ERA5Evaluator(Evaluator):
@@ -48,7 +101,23 @@ class ERA5Evaluator(Evaluator):
                 f"{did_you_mean(image_channel, self.names)}; channels: {', '.join(self.names)}"
             )
         self.image_index = self.names.index(image_channel)
+        self.image_labels = self._image_labels(dataset)
         self.reset()
+
+    def _image_labels(self, dataset: ERA5Dataset) -> dict:
+        """What the image's channel is, its unit and how to de-normalize it, and where on Earth it lies."""
+        name = self.names[self.image_index]
+        quantity, unit = CHANNEL_QUANTITIES.get(name, (None, None))
+        labels: dict = {"quantity": quantity, "unit": unit}
+        if unit is not None and dataset.normalize:
+            labels["scale"] = float(dataset.stds[self.image_index])
+            labels["offset"] = float(dataset.means[self.image_index])
+        file_shape = file_grid_shape(dataset)
+        if file_shape is not None:
+            labels["extent"], labels["region"] = grid_extent(
+                dataset.latitudes, file_shape, dataset.cfg.img_size[1]
+            )
+        return labels
 
     def reset(self) -> None:
         channels = (self.n_out,)
@@ -78,6 +147,7 @@ class ERA5Evaluator(Evaluator):
                 prediction=predictions[0, c].float().cpu().numpy(),
                 baseline=persistence[0, c].float().cpu().numpy(),
                 baseline_name="persistence (input)",
+                **self.image_labels,
             )
 
     def summary(self) -> EvalSummary:
