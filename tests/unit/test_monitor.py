@@ -186,9 +186,10 @@ def test_csv_rows(tmp_path):
 
 def test_tensorboard_tags(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(str(tmp_path))
+    from dlscale.report.tensorboard import TensorBoardLogger
+
+    writer = TensorBoardLogger(tmp_path)
     script = [[reading(100.0), reading(50.0, index=1)], [reading(120.0), reading(60.0, index=1)]]
     samples = sampled(script, steps=[7, 8])
     write_tensorboard(writer, samples)

@@ -222,6 +222,11 @@ def _impossible_ordering(intervals: Mapping[str, MeanInterval]) -> str:
     )
 
 
+def _interval_ends(series: TrialSeries) -> list[float]:
+    interval = mean_interval(series.trial_throughput)
+    return [interval.low, interval.high]
+
+
 def interval_line(tests: Mapping[str, TrialSeries]) -> str:
     """``BENCHY::INTERVAL::`` with each test's mean and 95% interval (benchy's own lines keep its std)."""
     parts = [
@@ -318,7 +323,7 @@ def summary_record(tests: Mapping[str, TrialSeries]) -> dict[str, dict[str, obje
         name: {
             "mean": t.mean,
             "std": t.std,
-            "ci95": [mean_interval(t.trial_throughput).low, mean_interval(t.trial_throughput).high],
+            "ci95": _interval_ends(t),
             "ntrials": len(t.trial_throughput),
             "peak_memory_gb": t.peak_memory_gb,
             "energy": t.energy,

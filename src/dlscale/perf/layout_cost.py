@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from dlscale.errors import InvalidValue
@@ -385,6 +385,15 @@ class MemoryEstimate:
     @property
     def total(self) -> int:
         return self.model_states + self.activations + self.autocast_weight_copies + self.cuda_allowance
+
+    def json_fields(self) -> dict[str, dict[str, Any]]:
+        """``memory_bytes`` (every part, the model states and the total) and the same in ``memory_gb`` (2 decimals),
+        as a plan's JSON row holds them."""
+        in_bytes = {**asdict(self), "model_states": self.model_states, "total": self.total}
+        return {
+            "memory_bytes": in_bytes,
+            "memory_gb": {key: round(value / GIB, 2) for key, value in in_bytes.items()},
+        }
 
 
 def estimate_memory(shape: ModelShape, settings: TrainingSettings, layout: Layout) -> MemoryEstimate:

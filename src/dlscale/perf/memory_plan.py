@@ -102,12 +102,7 @@ class LayoutEstimate:
         if self.parameters is not None:
             row["parameters"] = asdict(self.parameters)
         if self.memory is not None:
-            row["memory_bytes"] = {
-                **asdict(self.memory),
-                "model_states": self.memory.model_states,
-                "total": self.memory.total,
-            }
-            row["memory_gb"] = {key: round(value / GIB, 2) for key, value in row["memory_bytes"].items()}
+            row.update(self.memory.json_fields())
         if self.comm is not None:
             row["comm_bytes_per_step"] = {**asdict(self.comm), "total": self.comm.total}
             row["comm_gb_per_step"] = {

@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,9 @@ from dlscale.runtime.distributed import is_distributed
 from dlscale.runtime.gpu_metrics import GpuReading, open_gpu_backend
 from dlscale.runtime.strict_json import to_json
 from dlscale.training.observer import EpochReport, Observer
+
+if TYPE_CHECKING:  # imported when rank 0 opens its logger: TensorBoard's import is not free
+    from dlscale.report.tensorboard import TensorBoardLogger
 
 log = logging.getLogger("dlscale.monitor")
 
@@ -79,8 +83,8 @@ class MetricsCsv:
             log.info("%s has other columns (an older dlscale wrote it): moved to %s", self.path, aside)
 
 
-def write_tensorboard(writer, samples: Sequence[Sample]) -> None:
-    """Per-GPU and host scalars of ``samples`` on ``writer`` (a SummaryWriter).
+def write_tensorboard(logger: TensorBoardLogger, samples: Sequence[Sample]) -> None:
+    """Per-GPU and host scalars of ``samples`` on ``logger``.
 
     The step is the training step reached when the sample was taken, so the curves line up with the training
     curves' step axis; the event's wall time is the sample's own, for TensorBoard's "Relative"/"Wall" axes.
@@ -91,7 +95,7 @@ def write_tensorboard(writer, samples: Sequence[Sample]) -> None:
     for sample in samples:
         if sample.step is None:
             raise ValueError("a monitor sample without a training step cannot go on TensorBoard's step axis")
-        step, when = sample.step, sample.wall_time
+        values: dict[str, float] = {}
         for gpu in sample.gpus:
             for tag, value in (
                 ("power_W", gpu.power_w),
@@ -101,11 +105,12 @@ def write_tensorboard(writer, samples: Sequence[Sample]) -> None:
                 ("sm_clock_MHz", gpu.sm_clock_mhz),
             ):
                 if value is not None:
-                    writer.add_scalar(f"GPU{gpu.index}/{tag}", value, step, walltime=when)
+                    values[f"GPU{gpu.index}/{tag}"] = value
         host = sample.host
-        writer.add_scalar("Host/cpu_pct", host.cpu_pct, step, walltime=when)  # the whole machine
-        writer.add_scalar("Host/process_memory_GB", host.process_memory_gb, step, walltime=when)  # + workers
-        writer.add_scalar("Host/machine_memory_used_GB", host.memory_used_gb, step, walltime=when)
+        values["Host/cpu_pct"] = host.cpu_pct  # the whole machine
+        values["Host/process_memory_GB"] = host.process_memory_gb  # this process and its loader workers
+        values["Host/machine_memory_used_GB"] = host.memory_used_gb
+        logger.log_scalars(sample.step, values, sample.wall_time)
 
 
 @dataclass
@@ -227,12 +232,12 @@ class MonitorObserver(Observer):
         self.sampler = MetricsSampler(backend, interval, current_step=lambda: self.step).start()
 
     def _open_writer(self, trainer) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # only rank 0 pays for the import
+        from dlscale.report.tensorboard import TensorBoardLogger  # only rank 0 pays for the import
 
-        # As the trainer's own writer does: hide what an earlier, interrupted attempt wrote after the step this
+        # As the trainer's own logger does: hide what an earlier, interrupted attempt wrote after the step this
         # run continues from, so a resumed run does not show the lost steps' samples next to its own.
         directory = Path(trainer.setup.run_dir) / "tensorboard" / "monitor"
-        self.writer = SummaryWriter(str(directory), purge_step=trainer.progress.global_step + 1)
+        self.writer = TensorBoardLogger(directory, trainer.progress.global_step)
 
     def on_step_start(self, trainer) -> None:
         # The trainer times exactly the fetch of the batch (not the stop agreement, which waits for every
@@ -253,8 +258,7 @@ class MonitorObserver(Observer):
         self.step = trainer.progress.global_step
         self.flush()
         if self.writer is not None:
-            self.writer.close()
-            self._open_writer(trainer)
+            self.writer.rewind(trainer.progress.global_step)
 
     def flush(self) -> None:
         """Write the samples taken since the last flush to the CSV (and TensorBoard on rank 0)."""
@@ -265,7 +269,6 @@ class MonitorObserver(Observer):
         self.csv.append(fresh)
         if self.writer is not None:
             write_tensorboard(self.writer, fresh)
-            self.writer.flush()
 
     def on_train_end(self, trainer, outcome: str) -> None:
         if self.sampler is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -85,12 +85,7 @@ class TracedRow:
             "stored_parameters": self.stored_parameters,
         }
         if self.memory is not None:
-            row["memory_bytes"] = {
-                **asdict(self.memory),
-                "model_states": self.memory.model_states,
-                "total": self.memory.total,
-            }
-            row["memory_gb"] = {key: round(value / GIB, 2) for key, value in row["memory_bytes"].items()}
+            row.update(self.memory.json_fields())
         return row
 
 

@@ -24,7 +24,7 @@ first.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 Settings = Mapping[str, Any]
@@ -116,9 +116,7 @@ Knob = Callable[[Settings, TuneContext], "Candidate | None"]
 
 
 def _needs_gpu(candidate: Candidate, ctx: TuneContext) -> Candidate:
-    if ctx.on_gpu:
-        return candidate
-    return Candidate(candidate.knob, candidate.changes, candidate.why, candidate.numerics, "needs a GPU")
+    return candidate if ctx.on_gpu else replace(candidate, skip="needs a GPU")
 
 
 def _pytorch_pipeline(s: Settings) -> bool:

@@ -19,7 +19,6 @@ from matplotlib.figure import Figure
 from dlscale.config.yaml_source import dump_yaml
 from dlscale.perf.trial_statistics import mean_interval
 from dlscale.tune.climb import TrialRecord, TuneResult
-from dlscale.tune.knobs import yaml_word
 
 
 def changed_sections(original: Mapping[str, Any], tuned: Mapping[str, Any]) -> dict[str, Any]:
@@ -207,7 +206,7 @@ def tune_document(result: TuneResult, context: Mapping[str, Any]) -> dict[str, A
         return {
             "number": trial.number,
             "knob": trial.candidate.knob,
-            "change": {key: value for key, value in trial.candidate.changes},
+            "change": dict(trial.candidate.changes),
             "label": trial.candidate.label,
             "why": trial.candidate.why,
             "changes_numerics": trial.candidate.numerics,
@@ -233,7 +232,7 @@ def tune_document(result: TuneResult, context: Mapping[str, Any]) -> dict[str, A
             for p in result.path
         ],
         "trials": [trial_json(t) for t in result.trials],
-        "changes": {key: value for key, value in result.changes.items()},
+        "changes": dict(result.changes),
         "speedup": result.speedup.to_json() if result.speedup else None,
         "stop_reason": result.stop_reason,
         "table": tune_table(result),
@@ -243,8 +242,3 @@ def tune_document(result: TuneResult, context: Mapping[str, Any]) -> dict[str, A
 def _summary(trials: Sequence[float]) -> dict[str, float]:
     interval = mean_interval(trials)
     return {"mean": interval.mean, "low": interval.low, "high": interval.high, "trials": interval.trials}
-
-
-def change_lines(changes: Mapping[str, Any], start: Mapping[str, Any]) -> list[str]:
-    """``key: old -> new`` per change."""
-    return [f"{key}: {yaml_word(start.get(key))} -> {yaml_word(value)}" for key, value in changes.items()]

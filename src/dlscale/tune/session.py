@@ -134,7 +134,7 @@ def run_tune(
         outputs = output_paths(result, source.config, out)
         if process.is_main:
             try:
-                write_outputs(result, source, start_cfg, out, dp, device.name, command)
+                write_outputs(outputs, source, start_cfg, dp, device.name, command)
             except OSError as error:
                 raise as_storage_error(error) or error from None
         ending.alike = True
@@ -148,10 +148,10 @@ def output_paths(result: TuneResult, config: str, out: Path) -> TuneOutputs:
 
 
 def write_outputs(
-    result: TuneResult, source: ConfigSource, start_cfg: Any, out: Path, dp: int, device: str, command: str
+    outputs: TuneOutputs, source: ConfigSource, start_cfg: Any, dp: int, device: str, command: str
 ) -> None:
-    """The tuned YAML (checked by reading it back), the table, the plot and the record."""
-    name = output_paths(result, source.config, out).tuned_config
+    """The tuned YAML (checked by reading it back), the table, the plot and the record, where ``outputs`` says."""
+    result, out, name = outputs.result, outputs.tuned_yaml, outputs.tuned_config
     new_global = result.final[BATCH_KEY] * dp
     length_keys, length_notes = run_length_keys(start_cfg, new_global, dp)
     tuned_cfg = source.load({**config_keys(start_cfg, result.final, dp), **length_keys})
@@ -193,11 +193,7 @@ def write_outputs(
             "",
         ]
     )
-    paths = {
-        "table": out.with_suffix(".md"),
-        "plot": out.with_suffix(".png"),
-        "record": out.with_suffix(".json"),
-    }
+    paths = {"table": outputs.table, "plot": outputs.plot, "record": outputs.record}
     write_text_atomically(paths["table"], markdown)
     save_png(tune_figure(result, title), paths["plot"])
     context = {
