@@ -313,3 +313,30 @@ def test_shipped_configs_mirror_the_demos_three_scripts():
     assert load_run_config(CONFIG_FILE, "resnet50").model.depth == 50
     demo = load_run_config(CONFIG_FILE, "demo")
     assert (demo.model.depth, demo.model.small_input_stem, demo.data.resize) == (18, True, None)
+
+
+@pytest.mark.parametrize(("label", "count"), [("fine", 100), ("coarse", 20)])
+def test_the_class_names_come_from_the_archive_and_reach_the_confusion_matrix(small_set, label, count):
+    dataset = CIFARDataset(CIFARDataConfig(root=str(small_set), label=label), "valid")
+    expected = (small_set / BINARY_DIR / f"{label}_label_names.txt").read_text().split()
+    assert dataset.class_names == tuple(expected) and len(expected) == count
+    evaluator = get_workload("resnet_cifar").evaluator(dataset)
+    logits = torch.zeros(2, count)
+    evaluator.update(torch.zeros(2, 3, 32, 32), torch.tensor([0, 1]), logits)
+    assert evaluator.summary().class_counts.names() == expected
+
+
+def test_a_missing_or_wrong_names_file_leaves_numbers_and_says_which_file(tmp_path, small_set, caplog):
+    copy = tmp_path / BINARY_DIR
+    copy.mkdir()
+    (copy / "test.bin").write_bytes((small_set / BINARY_DIR / "test.bin").read_bytes())
+    config = CIFARDataConfig(root=str(tmp_path))
+    assert CIFARDataset(config, "valid").class_names is None  # no names file: no warning needed
+    assert not caplog.records
+    names = copy / "fine_label_names.txt"
+    names.write_text("apple\nbanana\n")
+    with caplog.at_level("WARNING", logger="dlscale.data"):
+        assert CIFARDataset(config, "valid").class_names is None
+    assert f"{names}: 2 names, expected one per line for each of the 100 fine classes" in caplog.text
+    names.write_text("\n".join(f"class {i}" for i in range(100)) + "\n\n")  # trailing blank lines are fine
+    assert CIFARDataset(config, "valid").class_names[99] == "class 99"

@@ -310,3 +310,24 @@ def test_a_crop_has_the_extent_of_its_top_left_corner(era5_root: Path) -> None:
     south = 90 - 3 * dlat - dlat / 2
     assert example.extent == pytest.approx((-dlon / 2, 8 * dlon - dlon / 2, south, 90 + dlat / 2))
     assert example.region == f"top-left 4x8 crop of the {HEIGHT}x{WIDTH} grid"
+
+
+def test_channel_skill_compares_the_model_with_persistence_per_channel(valid_set: ERA5Dataset) -> None:
+    # The model predicts persistence on every channel but the first, where it is exact: skill 1 there, 0 elsewhere.
+    evaluator = ERA5Evaluator(valid_set)
+    for inputs, targets in batches(valid_set, 3):
+        predictions = inputs.clone()
+        predictions[:, 0] = targets[:, 0]
+        evaluator.update(inputs, targets, predictions)
+    summary = evaluator.summary()
+    skill = summary.channel_skill
+    names = valid_set.channel_names
+    assert skill is not None and skill.channels == tuple(names) and skill.baseline_name == "persistence"
+    for c, name in enumerate(names):
+        assert skill.model[c] == summary.scalars[f"RMSE/{name}"]
+        assert skill.baseline[c] == summary.baseline_scalars[f"RMSE/{name}"]
+    np.testing.assert_allclose(skill.skill(), [1.0] + [0.0] * (len(names) - 1), atol=1e-12)
+    # equal to persistence does not beat it
+    assert skill.not_beating() == list(names[1:])
+    assert skill.units[names.index("sp")] == "Pa"
+    np.testing.assert_array_equal(skill.scales, valid_set.stds[: len(names)])

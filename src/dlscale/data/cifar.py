@@ -5,6 +5,8 @@ On disk (https://www.cs.toronto.edu/~kriz/cifar.html, cifar-100-binary.tar.gz ex
 
     cifar-100-binary/train.bin    50,000 records: the training split
     cifar-100-binary/test.bin     10,000 records: the test split, dlscale's validation set
+    cifar-100-binary/fine_label_names.txt, coarse_label_names.txt    the class names, one per line in label
+                                  order (optional: without them the figures name classes by number)
 
 (``data.root`` may also point at the ``cifar-100-binary`` directory itself.) A record is 3074 bytes: the coarse
 label (0-19), the fine label (0-99), then 3072 pixel bytes: the 32x32 red plane, then green, then blue, each
@@ -22,6 +24,7 @@ and convert them on the device, with the same result.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +34,8 @@ from torch.utils.data import Dataset
 
 from dlscale.data.cifar_config import IMAGE_SIDE, NUM_CLASSES, CIFARDataConfig
 from dlscale.errors import DataError
+
+log = logging.getLogger("dlscale.data")
 
 PIXEL_BYTES = 3 * IMAGE_SIDE * IMAGE_SIDE
 RECORD_BYTES = 2 + PIXEL_BYTES  # coarse label, fine label, pixels
@@ -55,6 +60,30 @@ def find_split_file(root: Path, split: str) -> Path:
             "not read because unpickling can run arbitrary code; " + hint
         )
     raise DataError(f"{root / BINARY_DIR / name}: CIFAR-100 file not found (nor {root / name}); {hint}")
+
+
+def read_class_names(directory: Path, label: str) -> tuple[str, ...] | None:
+    """The class names of ``label`` ("fine" or "coarse") from ``directory/<label>_label_names.txt``, in label
+    order; None (with a warning naming the file) when the file is absent, unreadable or has the wrong count:
+    names only label figures, so a bad names file must not stop a run."""
+    path = directory / f"{label}_label_names.txt"
+    if not path.is_file():
+        return None
+    try:
+        names = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as error:
+        log.warning("%s: cannot read the class names (%s); figures name classes by number", path, error)
+        return None
+    if len(names) != NUM_CLASSES[label]:
+        log.warning(
+            "%s: %d names, expected one per line for each of the %d %s classes; figures name classes by number",
+            path,
+            len(names),
+            NUM_CLASSES[label],
+            label,
+        )
+        return None
+    return tuple(names)
 
 
 def _refuse_other_formats(path: Path, head: bytes) -> None:
@@ -174,6 +203,7 @@ class CIFARDataset(Dataset):
             images, coarse, fine = images[:limit], coarse[:limit], fine[:limit]
         self.images = images
         self.labels = fine if cfg.label == "fine" else coarse
+        self.class_names = read_class_names(self.path.parent, cfg.label)
         self.conversion = ImageConversion(cfg.mean, cfg.std, cfg.resize)
 
     @property

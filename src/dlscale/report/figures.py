@@ -1,5 +1,5 @@
-"""Figures a person would rather look at than read: prediction vs target, a classifier's per-class accuracy
-and confusion matrix, and loss curves.
+"""Figures a person would rather look at than read: prediction vs target, the skill per channel against the
+workload's baseline, a classifier's per-class accuracy and confusion matrix, and loss curves.
 
 Built with ``matplotlib.figure.Figure`` (no pyplot), so they work in any thread and without a display.
 """
@@ -16,9 +16,10 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter
 
-from dlscale.training.evaluate import ClassCounts, EvalSummary, ExampleImage
+from dlscale.training.evaluate import ChannelSkill, ClassCounts, EvalSummary, ExampleImage
 
 MAX_CONFUSION_CLASSES = 20  # a bigger confusion matrix is a grey wall: only the per-class accuracy is drawn
+LOWEST_SKILL_SHOWN = -100.0  # % : the skill axis stops here (a bar below it is cut, its value written)
 
 
 def prediction_figure(example: ExampleImage, title: str = "") -> Figure:
@@ -115,12 +116,17 @@ def class_accuracy_figure(counts: ClassCounts, title: str = "") -> Figure:
     names = counts.names()
     order = sorted(range(len(names)), key=lambda c: (np.nan_to_num(accuracy[c], nan=-1.0), c))
     many = len(names) > 30
-    width, height = max(6.0, min(0.12 * len(names) + 2, 14.0)), 3.6
+    font = 5 if many else 7
+    width = max(6.0, min(0.12 * len(names) + 2, 14.0))
+    # names upright while they fit under their bars, else turned; the bottom margin grows with the longest
+    upright = _text_inches(names, font) < 0.9 * (width - 0.9) / len(names)
+    label_room = 0.2 if upright else _text_inches(names, font)
+    height = 3.2 + label_room
     figure = Figure(figsize=(width, height))
     figure.subplots_adjust(
         left=0.7 / width,
         right=1 - 0.2 / width,
-        bottom=(0.6 if many else 0.55) / height,
+        bottom=(0.4 + label_room) / height,
         top=1 - 0.65 / height,
     )
     axis = figure.add_subplot(1, 1, 1)
@@ -132,7 +138,7 @@ def class_accuracy_figure(counts: ClassCounts, title: str = "") -> Figure:
         overall = 100.0 * np.trace(counts.confusion) / total
         axis.axhline(overall, color="C1", lw=1, label=f"overall {overall:.1f}%")
     axis.set_xticks(range(len(order)))
-    axis.set_xticklabels([names[c] for c in order], rotation=90 if many else 0, fontsize=5 if many else 8)
+    axis.set_xticklabels([names[c] for c in order], rotation=0 if upright else 90, fontsize=font)
     axis.set_xlim(-0.6, len(order) - 0.4)
     axis.set_ylim(0, 100)
     axis.set_xlabel("class (sorted by accuracy)", fontsize=8)
@@ -149,14 +155,17 @@ def confusion_figure(counts: ClassCounts, title: str = "") -> Figure:
     """The confusion matrix as counts: rows the true class, columns the predicted one (each cell written)."""
     matrix = np.asarray(counts.confusion)
     names = counts.names()
-    side = 1.2 + 0.42 * len(names)
-    width, height = side + 1.8, side + 0.4  # room for the class names, and the colour bar on the right
+    side = 0.42 * len(names)
+    names_room = 0.45 + _text_inches(names, 7)  # the class names left of and under the matrix
+    width, height = side + names_room + 1.2, side + names_room + 0.45  # + the colour bar; + the title
     figure = Figure(figsize=(width, height))
-    figure.subplots_adjust(left=0.8 / width, right=1 - 1.0 / width, bottom=0.8 / height, top=1 - 0.4 / height)
+    figure.subplots_adjust(
+        left=names_room / width, right=1 - 1.2 / width, bottom=names_room / height, top=1 - 0.45 / height
+    )
     axis = figure.add_subplot(1, 1, 1)
     shown = axis.imshow(matrix, cmap="Blues", interpolation="nearest")
     ticks = range(len(names))
-    axis.set_xticks(ticks, names, fontsize=7, rotation=90 if max(map(len, names)) > 3 else 0)
+    axis.set_xticks(ticks, names, fontsize=7, rotation=90 if _text_inches(names, 7) > 0.35 else 0)
     axis.set_yticks(ticks, names, fontsize=7)
     axis.set_xlabel("predicted class", fontsize=8)
     axis.set_ylabel("true class", fontsize=8)
@@ -165,22 +174,94 @@ def confusion_figure(counts: ClassCounts, title: str = "") -> Figure:
         if value:
             color = "white" if value > threshold else "black"
             axis.text(column, row, str(int(value)), ha="center", va="center", fontsize=6, color=color)
-    bar = figure.colorbar(shown, ax=axis, fraction=0.05, pad=0.03)
+    # the colour bar in the right margin, as tall as the (square) matrix
+    bar_axis = figure.add_axes((1 - 1.0 / width, names_room / height, 0.18 / width, side / height))
+    bar = figure.colorbar(shown, cax=bar_axis)
     bar.set_label("validation samples", fontsize=8)
     bar.ax.tick_params(labelsize=7)
     axis.set_title(title or f"confusion matrix ({int(matrix.sum())} samples)", fontsize=9)
     return figure
 
 
+def skill_figure(skill: ChannelSkill, title: str = "") -> Figure:
+    """The skill score of every channel against the baseline, 1 - error / baseline's error, as a bar in %:
+    above 0 the model beats the baseline, below it (red) it does not; each bar's value is written on it."""
+    scores = 100.0 * skill.skill()
+    losing = set(skill.not_beating())
+    names = list(skill.channels)
+    many = len(names) > 24  # names written upright while they fit side by side
+    width, height = max(6.0, min(0.42 * len(names) + 1.6, 14.0)), 4.0
+    figure = Figure(figsize=(width, height))
+    figure.subplots_adjust(
+        left=0.75 / width,
+        right=1 - 0.2 / width,
+        bottom=(0.75 if many else 0.55) / height,
+        top=1 - 0.85 / height,
+    )
+    axis = figure.add_subplot(1, 1, 1)
+    finite = scores[np.isfinite(scores)]
+    lowest = float(finite.min()) if finite.size else 0.0
+    # room under the lowest bar for its value
+    low = max(LOWEST_SKILL_SHOWN, min(-10.0, lowest - 0.1 * (100.0 - lowest)))
+    heights = np.clip(np.nan_to_num(scores, nan=0.0), low, 100.0)
+    colours = ["C3" if name in losing else "C0" for name in names]
+    axis.bar(range(len(names)), heights, color=colours, width=0.75)
+    axis.axhline(0.0, color="black", lw=0.8)
+    for index, score in enumerate(scores):
+        text = "n/a" if np.isnan(score) else f"{score:.0f}"
+        below, cut = heights[index] < 0, score < low
+        # the value past the bar's end; a bar cut at the axis carries it inside, in white
+        offset = (1 if cut else -1 if below else 1) * 0.015 * (100.0 - low)
+        axis.text(
+            index,
+            heights[index] + offset,
+            text,
+            ha="center",
+            va="bottom" if cut or not below else "top",
+            fontsize=6,
+            color="white" if cut else "C3" if names[index] in losing else "black",
+        )
+    axis.set_xticks(range(len(names)))
+    axis.set_xticklabels(names, rotation=90 if many else 0, fontsize=7)
+    axis.set_xlim(-0.6, len(names) - 0.4)
+    axis.set_ylim(low, 100.0)
+    axis.set_xlabel("output channel", fontsize=8)
+    axis.set_ylabel(f"skill vs {skill.baseline_name} (%)", fontsize=8)
+    axis.tick_params(axis="y", labelsize=7)
+    verdict = (
+        f"{len(losing)} of {len(names)} channels {'does' if len(losing) == 1 else 'do'} not beat "
+        f"{skill.baseline_name} (red)"
+        if losing
+        else f"every channel beats {skill.baseline_name}"
+    )
+    axis.set_title(
+        f"skill = 1 - {skill.metric} / {skill.baseline_name}'s (100: perfect, 0: no better)\n{verdict}",
+        fontsize=8,
+    )
+    if title:
+        figure.suptitle(title, fontsize=10)
+    return figure
+
+
+def _text_inches(texts: Sequence[str], fontsize: float) -> float:
+    """About how wide the longest of ``texts`` is in inches (a character is ~0.6 em of DejaVu Sans)."""
+    return 0.6 * fontsize / 72 * max((len(text) for text in texts), default=0)
+
+
 def validation_figures(validation: EvalSummary, title: str = "") -> dict[str, Figure]:
-    """Every figure of one validation, by file stem (``prediction_vs_target``, ``class_accuracy``,
-    ``confusion_matrix``): those the workload's evaluator asked for by what it put in its summary. ``title``
-    (e.g. "epoch 3") starts each figure's title."""
+    """Every figure of one validation, by file stem (``prediction_vs_target``, ``skill_vs_<baseline>``,
+    ``class_accuracy``, ``confusion_matrix``): those the workload's evaluator asked for by what it put in its
+    summary. ``title`` (e.g. "epoch 3") starts each figure's title."""
     lead = f"{title}, " if title else ""
     figures: dict[str, Figure] = {}
     if validation.example is not None:
         figures["prediction_vs_target"] = prediction_figure(
             validation.example, f"{lead}first validation sample"
+        )
+    if validation.channel_skill is not None:
+        baseline = validation.channel_skill.baseline_name
+        figures[f"skill_vs_{baseline.replace(' ', '_')}"] = skill_figure(
+            validation.channel_skill, f"{lead}skill per channel against {baseline}"
         )
     counts = validation.class_counts
     if counts is not None:

@@ -186,7 +186,8 @@ def epoch_scalars(report: EpochReport) -> dict[str, Any]:
     for name, value in validation.scalars.items():
         values[f"{name}/valid"] = value
     if report.tflops_per_gpu is not None:
-        values["Performance/TFLOPs per GPU"] = report.tflops_per_gpu
+        # "per device": one GPU, or one CPU process on a CPU (the JSON's key keeps its historical name)
+        values["Performance/TFLOP/s per device"] = report.tflops_per_gpu
     if report.mfu is not None:
         values["Performance/MFU"] = report.mfu
     for kind, gigabytes in report.peak_memory_gb.items():

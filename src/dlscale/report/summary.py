@@ -15,6 +15,7 @@ from dlscale.report.loggers import EPOCHS_CSV, STEPS_CSV, read_csv_columns
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
 from dlscale.training.divergence import Divergence
+from dlscale.training.evaluate import ChannelSkill
 from dlscale.training.observer import EpochReport, Observer
 from dlscale.version import __version__
 
@@ -86,6 +87,9 @@ class RunSummary(Observer):
             )
         if final:
             log.info("Final validation: %s", final_line(final))
+        skill = self.last.validation.channel_skill if self.last is not None else None
+        if skill is not None:
+            report_skill(skill)
         if summary["throughput_samples_per_second"]:
             log.info("Training throughput: %.4g samples/s", summary["throughput_samples_per_second"])
         log.info("Outputs of this run:")
@@ -141,6 +145,8 @@ class RunSummary(Observer):
             if self.last is not None:
                 final["metrics"] = self.last.validation.scalars
                 final["baseline_metrics"] = self.last.validation.baseline_scalars
+                if self.last.validation.channel_skill is not None:
+                    final["channel_skill"] = self.last.validation.channel_skill.to_dict()
         return {
             "config": setup.record.name,
             "config_file": setup.record.source,
@@ -164,6 +170,44 @@ class RunSummary(Observer):
             "history": p.history,
             "figures": [str(f) for f in figures],
         }
+
+
+SKILLS_PER_LINE = 7
+
+
+def report_skill(skill: ChannelSkill) -> None:
+    """Log the skill of every channel against the baseline, and warn about the channels that do not beat it
+    (with both errors, in the channel's unit where known): a forecast worse than persistence is no forecast."""
+    scores = skill.skill()
+    log.info(
+        "Skill per channel against %s (1 - %s / %s's; above 0 beats it):",
+        skill.baseline_name,
+        skill.metric,
+        skill.baseline_name,
+    )
+    cells = [f"{name} {score:+.2f}" for name, score in zip(skill.channels, scores, strict=True)]
+    for start in range(0, len(cells), SKILLS_PER_LINE):
+        log.info("  %s", ",  ".join(cells[start : start + SKILLS_PER_LINE]))
+    losing = skill.not_beating()
+    if not losing:
+        log.info("The model beats %s on every channel (%d).", skill.baseline_name, len(skill.channels))
+        return
+    details = []
+    for name in losing:
+        index = skill.channels.index(name)
+        model, baseline = skill.physical(skill.model, index), skill.physical(skill.baseline, index)
+        physical = f" ({model} vs {baseline})" if model else ""
+        details.append(f"{name} {skill.model[index]:.4f} vs {skill.baseline[index]:.4f}{physical}")
+    log.warning(
+        "The model does not beat %s on %d of %d channels (%s of the model vs %s): %s. Train longer, or check "
+        "these channels' data and normalization.",
+        skill.baseline_name,
+        len(losing),
+        len(skill.channels),
+        skill.metric,
+        skill.baseline_name,
+        "; ".join(details),
+    )
 
 
 def final_line(final: dict[str, Any]) -> str:

@@ -3,12 +3,13 @@
 Tags (made by :mod:`dlscale.report.metrics_observer`): ``Loss/train``, ``Loss/valid``, ``RMSE(u10m)/valid`` (the
 workload's headline metric), ``Learning Rate``, ``Avg iters per sec``, ``Avg samples per sec``; and dlscale's
 own: every channel's metric (``RMSE/<channel>/valid``) and the baseline's (``.../persistence``), drawn as a
-reference line. The x-axis is the optimizer step, as in the tutorials. Performance: ``Performance/TFLOPs per
-GPU``, ``Performance/MFU`` and ``Memory/peak <allocated|reserved|host_rss> GB`` per epoch; every step's loss, LR,
-samples/s and peak memory under ``Step/``; the validation's figures (:func:`dlscale.report.figures.
-validation_figures`) every ``log.image_every`` epochs and at the last: the prediction-vs-target image
-``Visualization, <channel>`` (in the channel's unit on degrees of longitude and latitude, when the workload knows
-them), a classifier's ``Visualization, class accuracy`` and, for up to 20 classes, ``confusion matrix``.
+reference line. The x-axis is the optimizer step, as in the tutorials. Performance: ``Performance/TFLOP/s per
+device`` (a GPU, or a CPU process), ``Performance/MFU`` and ``Memory/peak <allocated|reserved|host_rss> GB`` per
+epoch; every step's loss, LR, samples/s and peak memory under ``Step/``; the validation's figures
+(:func:`dlscale.report.figures.validation_figures`) every ``log.image_every`` epochs and at the last: the
+prediction-vs-target image ``Visualization, <channel>`` (in the channel's unit on degrees of longitude and
+latitude, when the workload knows them), the skill per channel against the baseline ``Visualization, skill vs
+persistence``, a classifier's ``Visualization, class accuracy`` and, for up to 20 classes, ``confusion matrix``.
 """
 
 from __future__ import annotations

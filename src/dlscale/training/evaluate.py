@@ -65,6 +65,61 @@ class ClassCounts:
 
 
 @dataclass
+class ChannelSkill:
+    """An error metric per output channel for the model and for the workload's baseline (lower is better), to
+    show on which channels the model beats the baseline: ERA5's latitude-weighted RMSE against persistence."""
+
+    metric: str  # what the values are, e.g. "latitude-weighted RMSE"
+    baseline_name: str  # e.g. "persistence"
+    channels: tuple[str, ...]
+    model: Any  # (channels,) numpy array, in the units the model sees (normalized, usually)
+    baseline: Any  # (channels,) numpy array, same units
+    units: tuple[str, ...] | None = None  # each channel's physical unit ("" where unknown)
+    scales: Any | None = None  # (channels,) physical = value * scale (a standard deviation)
+
+    def skill(self) -> Any:
+        """The skill score per channel, 1 - model / baseline: 1 is perfect, 0 the baseline's error, below 0
+        worse than the baseline (NaN where the baseline is exact, so no skill can be stated)."""
+        model, baseline = (
+            np.asarray(self.model, dtype=np.float64),
+            np.asarray(self.baseline, dtype=np.float64),
+        )
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(baseline > 0, 1.0 - model / np.where(baseline > 0, baseline, 1.0), np.nan)
+
+    def not_beating(self) -> list[str]:
+        """The channels where the model's error is not below the baseline's (a NaN error counts as not)."""
+        model, baseline = np.asarray(self.model), np.asarray(self.baseline)
+        return [name for name, m, b in zip(self.channels, model, baseline, strict=True) if not m < b]
+
+    def physical(self, values: Any, index: int) -> str:
+        """Channel ``index``'s ``values`` entry in its unit ("38.2 Pa"), or "" when the unit is unknown."""
+        if self.units is None or self.scales is None or not self.units[index]:
+            return ""
+        return f"{float(values[index]) * float(self.scales[index]):.3g} {self.units[index]}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """For summary.json: per channel the model's and the baseline's error, the skill and whether it beats
+        the baseline; and the list of channels that do not."""
+        skill = self.skill()
+        channels = {}
+        for index, name in enumerate(self.channels):
+            channels[name] = {
+                "model": float(self.model[index]),
+                "baseline": float(self.baseline[index]),
+                "skill": float(skill[index]),
+                "beats_baseline": bool(self.model[index] < self.baseline[index]),
+            }
+        return {
+            "metric": self.metric,
+            "baseline": self.baseline_name,
+            "skill": "1 - model / baseline",
+            "channels": channels,
+            "not_beating_baseline": self.not_beating(),
+        }
+
+
+@dataclass
 class EvalSummary:
     """The result of one validation pass."""
 
@@ -76,6 +131,7 @@ class EvalSummary:
     baseline_scalars: dict[str, float] = field(default_factory=dict)  # the same metrics for the baseline
     example: ExampleImage | None = None
     class_counts: ClassCounts | None = None  # a classifier's confusion matrix, for its figures
+    channel_skill: ChannelSkill | None = None  # per-channel error against the baseline, for its figure
     seconds: float = 0.0
     samples: int = 0
 

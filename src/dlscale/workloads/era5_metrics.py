@@ -12,7 +12,7 @@ import torch
 from dlscale.data.era5 import ERA5Dataset
 from dlscale.data.era5_layout import FIELDS_KEY
 from dlscale.errors import ConfigError, did_you_mean
-from dlscale.training.evaluate import EvalSummary, Evaluator, ExampleImage
+from dlscale.training.evaluate import ChannelSkill, EvalSummary, Evaluator, ExampleImage
 from dlscale.training.metrics import (
     MetricSums,
     latitude_weights,
@@ -174,5 +174,14 @@ class ERA5Evaluator(Evaluator):
             baseline_name="persistence",
             baseline_scalars=baseline,
             example=self.example,
+            channel_skill=ChannelSkill(
+                metric="latitude-weighted RMSE",
+                baseline_name="persistence",
+                channels=tuple(self.names),
+                model=rmse,
+                baseline=baseline_rmse,
+                units=tuple(channel_unit(name) for name in self.names),
+                scales=self.stds,
+            ),
             samples=self.sums.count,
         )

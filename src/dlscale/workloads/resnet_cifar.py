@@ -64,7 +64,9 @@ class ResNetCIFAR(Workload):
         from dlscale.workloads.classification import ClassificationEvaluator, per_sample_cross_entropy
 
         # image_channel names a field channel to plot for the gridded workloads; classifiers have none.
-        return ClassificationEvaluator(valid_dataset.num_classes, per_sample_cross_entropy)
+        return ClassificationEvaluator(
+            valid_dataset.num_classes, per_sample_cross_entropy, valid_dataset.class_names
+        )
 
     def describe_model(self, model: ResNet) -> str:
         from dlscale.models.resnet import count_parameters
