@@ -182,7 +182,17 @@ def test_a_verdict_holds_only_beyond_the_noise():
         "FULL": series("FULL", 12.5, 19.5, 15.0),
     }
     assert decide_bottleneck(2923, 20.03, 15.67).kind == "overhead"  # the means alone
+    # FULL cannot tell overlap from noise, but the step is clearly the limit: the README's verdict, with a note
     verdict = decide_from_trials(noisy)
+    assert verdict.kind == "compute-bound" and verdict.knobs
+    assert (
+        "scatters too much to tell whether reading and computing overlap (FULL / SYNTHETIC = "
+        in verdict.reason
+    )
+    # ... and when IO against SYNTHETIC cannot name a limit either, nothing is named
+    unclear = {**noisy, "IO": series("IO", 21.0, 20.9, 21.1)}
+    assert decide_bottleneck(21.0, 20.03, 15.67).kind == "overhead"
+    verdict = decide_from_trials(unclear)
     assert verdict.kind == "within noise" and verdict.knobs == ()
     assert "the means say overhead" in verdict.reason and "--ntrials" in verdict.reason
     # The same means with tight trials stand.
@@ -544,3 +554,28 @@ def test_each_bench_gets_a_file_of_its_own_in_the_run_directorys_bench_folder(tm
     assert second == tmp_path / "bench" / "20261124-030405-2-benchy_result.json"
     absolute = bench_config(f"output_filename={tmp_path / 'mine.json'}")
     assert default_bench_path(tmp_path, absolute.bench, moment) == tmp_path / "mine.json"
+
+
+def test_the_readme_bench_on_a_busy_machine_stays_compute_bound():
+    # Measured on this 2-core machine with the test suite running beside it (FULL's second trial disturbed).
+    busy = {
+        "IO": series("IO", 27446.5, 33401.1),
+        "SYNTHETIC": series("SYNTHETIC", 159.6, 160.4),
+        "FULL": series("FULL", 162.6, 95.3),
+    }
+    verdict = decide_from_trials(busy)
+    assert verdict.kind == "compute-bound" and "disturbed" not in verdict.reason
+    # With the loader only a little faster than the step and scattered, the same means cannot be told apart.
+    close = {**busy, "IO": series("IO", 150.0, 210.0)}
+    within = decide_from_trials(close)
+    assert within.kind == "within noise" and "SYNTHETIC / IO = " in within.reason and "0.90" in within.reason
+
+
+def test_compute_bound_needs_the_whole_ratio_interval_under_the_margin():
+    io = series("IO", 100, 100.5, 99.5)
+    # SYNTHETIC / IO = 0.867 on the means, 95% interval 0.83-0.91: reaches past 0.90
+    assert decide_from_trials({"IO": io, "SYNTHETIC": series("SYNTHETIC", 85, 88, 87)}).kind == "within noise"
+    # the same mean with tight trials: 0.85-0.88
+    assert (
+        decide_from_trials({"IO": io, "SYNTHETIC": series("SYNTHETIC", 86, 87, 86.5)}).kind == "compute-bound"
+    )

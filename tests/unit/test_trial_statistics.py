@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dlscale.perf.trial_statistics import compare_throughputs, mean_interval, t_quantile_975
+from dlscale.perf.trial_statistics import compare_throughputs, mean_interval, ratio_interval, t_quantile_975
 
 
 @pytest.mark.parametrize(
@@ -132,3 +132,58 @@ def test_could_gain_only_for_a_worthwhile_estimate_within_noise() -> None:
 def test_incumbent_must_be_positive() -> None:
     with pytest.raises(ValueError):
         compare_throughputs([1.0, 2.0], [0.0, 0.0])
+
+
+# ---- the ratio of two rates, on the logarithms --------------------------------------------------------------
+
+
+def test_ratio_interval_is_welch_on_the_logarithms() -> None:
+    # log means 2 and 0, variances 2 and 0: Welch's df is 1 (t = 12.706), the standard error 1
+    interval = ratio_interval([math.e, math.e**3], [1.0, 1.0])
+    assert interval.ratio == pytest.approx(math.e**2)
+    assert interval.low == pytest.approx(math.exp(2 - 12.706), rel=1e-3)
+    assert interval.high == pytest.approx(math.exp(2 + 12.706), rel=1e-3)
+    exact = ratio_interval([50.0, 50.0], [200.0, 200.0])
+    assert exact.low == exact.ratio == exact.high == pytest.approx(0.25)
+
+
+def test_ratio_interval_scales_with_the_rates_and_inverts() -> None:
+    a, b = [30.0, 33.0, 29.0], [100.0, 104.0, 97.0]
+    base, scaled, inverse = ratio_interval(a, b), ratio_interval([10 * v for v in a], b), ratio_interval(b, a)
+    assert (scaled.ratio, scaled.low, scaled.high) == pytest.approx(
+        (10 * base.ratio, 10 * base.low, 10 * base.high)
+    )
+    assert (inverse.ratio, inverse.low, inverse.high) == pytest.approx(
+        (1 / base.ratio, 1 / base.high, 1 / base.low)
+    )
+
+
+def test_a_loader_a_hundred_times_faster_is_so_beyond_noise_where_a_linear_interval_goes_negative() -> None:
+    # The README's bench on a busy 2-core machine: two IO trials 20% apart, two SYNTHETIC trials close together.
+    io, synthetic = [27446.5, 33401.1], [159.6, 160.4]
+    assert mean_interval(io).low < 0  # a rate below zero: the linear interval says nothing here
+    interval = ratio_interval(synthetic, io)
+    assert 0 < interval.low < interval.ratio < interval.high < 0.02
+
+
+def test_ratio_interval_covers_the_true_ratio_about_95_percent_of_the_time() -> None:
+    # Seeded log-normal trials (10% scatter on one side, 3% on the other), true ratio 0.5, 3 trials each.
+    import random
+
+    rng = random.Random(7)
+    covered = 0
+    repeats = 2000
+    for _ in range(repeats):
+        numerator = [50.0 * math.exp(rng.gauss(0, 0.10)) for _ in range(3)]
+        denominator = [100.0 * math.exp(rng.gauss(0, 0.03)) for _ in range(3)]
+        interval = ratio_interval(numerator, denominator)
+        covered += interval.low <= 0.5 <= interval.high
+    assert 0.93 <= covered / repeats <= 0.995  # Welch's df rounded down: a little conservative
+
+
+def test_ratio_interval_of_one_trial_is_unbounded_and_rates_must_be_positive() -> None:
+    single = ratio_interval([120.0], [100.0, 101.0])
+    assert single.ratio == pytest.approx(120 / math.sqrt(100 * 101)) and math.isinf(single.high)
+    assert "no interval" in single.describe()
+    with pytest.raises(ValueError, match="> 0"):
+        ratio_interval([0.0, 1.0], [1.0, 1.0])

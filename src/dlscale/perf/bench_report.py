@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from dlscale.perf.trial_statistics import MeanInterval, mean_interval
+from dlscale.perf.trial_statistics import RatioInterval, mean_interval, ratio_interval
 
 BOUND_MARGIN = 0.10
 OVERHEAD_MARGIN = 0.20
@@ -100,27 +100,32 @@ def decide_bottleneck(io: float | None, synthetic: float | None, full: float | N
                 OVERHEAD_KNOBS,
             )
         full_note = f"; FULL {_rate(full)}" if full is not None else "; FULL not measured, overhead unknown"
-        if io < (1 - BOUND_MARGIN) * synthetic:
-            return Verdict(
-                "IO-bound",
-                f"IO {_rate(io)} is {io / synthetic:.0%} of SYNTHETIC {_rate(synthetic)}: the loader cannot "
-                f"feed the model{full_note}",
-                IO_KNOBS,
-            )
-        if synthetic < (1 - BOUND_MARGIN) * io:
-            return Verdict(
-                "compute-bound",
-                f"SYNTHETIC {_rate(synthetic)} is {synthetic / io:.0%} of IO {_rate(io)}: the training step "
-                f"is the limit, the loader keeps up{full_note}",
-                COMPUTE_KNOBS,
-            )
-        return Verdict(
-            "balanced",
-            f"IO {_rate(io)} and SYNTHETIC {_rate(synthetic)} are within {BOUND_MARGIN:.0%} of each other "
-            f"and overlap{full_note}: to go faster, speed up both",
-            COMPUTE_KNOBS + IO_KNOBS,
-        )
+        return _bound_verdict(io, synthetic, full_note)
     return _partial_verdict(io, synthetic, full)
+
+
+def _bound_verdict(io: float, synthetic: float, full_note: str) -> Verdict:
+    """IO-bound, compute-bound or balanced, from IO's and SYNTHETIC's means; ``full_note`` ends the reason."""
+    if io < (1 - BOUND_MARGIN) * synthetic:
+        return Verdict(
+            "IO-bound",
+            f"IO {_rate(io)} is {io / synthetic:.0%} of SYNTHETIC {_rate(synthetic)}: the loader cannot "
+            f"feed the model{full_note}",
+            IO_KNOBS,
+        )
+    if synthetic < (1 - BOUND_MARGIN) * io:
+        return Verdict(
+            "compute-bound",
+            f"SYNTHETIC {_rate(synthetic)} is {synthetic / io:.0%} of IO {_rate(io)}: the training step "
+            f"is the limit, the loader keeps up{full_note}",
+            COMPUTE_KNOBS,
+        )
+    return Verdict(
+        "balanced",
+        f"IO {_rate(io)} and SYNTHETIC {_rate(synthetic)} are within {BOUND_MARGIN:.0%} of each other "
+        f"and overlap{full_note}: to go faster, speed up both",
+        COMPUTE_KNOBS + IO_KNOBS,
+    )
 
 
 def _partial_verdict(io: float | None, synthetic: float | None, full: float | None) -> Verdict:
@@ -165,23 +170,21 @@ def _partial_verdict(io: float | None, synthetic: float | None, full: float | No
 
 def decide_from_trials(tests: Mapping[str, TrialSeries]) -> Verdict:
     """The verdict of :func:`decide_bottleneck` on the means, kept only when the comparison that names it holds
-    beyond the trials' noise (their 95% intervals, :mod:`dlscale.perf.trial_statistics`).
+    beyond the trials' noise: the 95 % interval of the ratio of the two tests it compares
+    (:func:`~dlscale.perf.trial_statistics.ratio_interval`, on the logarithms: the loader and the model step may
+    run at rates a hundred times apart, and their noise is a fraction of each).
 
-    IO-bound needs IO's whole interval below ``1 - BOUND_MARGIN`` times SYNTHETIC's lowest value (compute-bound
-    the other way round), overhead needs FULL's whole interval below ``1 - OVERHEAD_MARGIN`` times the slower
-    part's lowest; otherwise the verdict is **within noise**, and with a single trial of a test it is **needs
-    more trials** (one trial has no interval). FULL faster than SYNTHETIC beyond the noise is impossible for the
-    same step, so it is said to be a disturbed measurement.
+    IO-bound needs IO / SYNTHETIC below ``1 - BOUND_MARGIN`` over its whole interval (compute-bound SYNTHETIC /
+    IO), overhead FULL / (the slower part) below ``1 - OVERHEAD_MARGIN``; otherwise the verdict is **within
+    noise**, and with a single trial of a test it is **needs more trials** (one trial has no interval). FULL
+    faster than SYNTHETIC beyond the noise is impossible for the same step, so it is said to be a disturbed
+    measurement.
     """
     verdict = decide_bottleneck(*mean_throughputs(tests))
-    intervals = {name: mean_interval(t.trial_throughput) for name, t in tests.items() if t.trial_throughput}
-    disturbed = _impossible_ordering(intervals)
-    if (
-        verdict.kind in ("IO-bound", "compute-bound", "overhead")
-        and "IO" in intervals
-        and "SYNTHETIC" in intervals
-    ):
-        single = [name for name, interval in intervals.items() if interval.trials < 2]
+    trials = {name: t.trial_throughput for name, t in tests.items() if t.trial_throughput}
+    disturbed = _impossible_ordering(trials)
+    if verdict.kind in ("IO-bound", "compute-bound", "overhead") and "IO" in trials and "SYNTHETIC" in trials:
+        single = [name for name, values in trials.items() if len(values) < 2]
         if single:
             return Verdict(
                 "needs more trials",
@@ -189,37 +192,61 @@ def decide_from_trials(tests: Mapping[str, TrialSeries]) -> Verdict:
                 "which gives no interval to tell a bottleneck from noise: set --ntrials 2 or more"
                 + disturbed,
             )
-        if not _holds_beyond_noise(verdict.kind, intervals):
-            spread = "; ".join(f"{name} {i.describe()}" for name, i in intervals.items())
+        compared, interval, limit = _deciding_ratio(verdict.kind, trials)
+        if verdict.kind == "overhead" and not interval.high < limit:
+            # FULL's trials cannot tell whether reading and computing overlap; IO against SYNTHETIC may still
+            # name the limit (a disturbed FULL trial must not hide a clear compute-bound step)
+            io, synthetic = _mean(trials["IO"]), _mean(trials["SYNTHETIC"])
+            uncertain = (
+                f"; FULL {_rate(_mean(trials['FULL']))} scatters too much to tell whether reading and "
+                f"computing overlap ({compared} = {interval.describe()})"
+            )
+            bound = _bound_verdict(io, synthetic, uncertain)
+            if bound.kind != "balanced":
+                verdict = bound
+                compared, interval, limit = _deciding_ratio(verdict.kind, trials)
+        if not interval.high < limit:
+            spread = "; ".join(
+                f"{name} {mean_interval(values).describe()}" for name, values in trials.items()
+            )
             return Verdict(
                 "within noise",
-                f"the means say {verdict.kind}, but the trials scatter too much to be sure ({spread}): run more "
-                "trials (--ntrials) of more batches (--nbatches), with no other work on the node" + disturbed,
+                f"the means say {verdict.kind}, but {compared} = {interval.describe()} is not below {limit:.2f} "
+                f"beyond the noise ({spread}): run more trials (--ntrials) of more batches (--nbatches), with no "
+                "other work on the node" + disturbed,
             )
     return replace(verdict, reason=verdict.reason + disturbed) if disturbed else verdict
 
 
-def _holds_beyond_noise(kind: str, intervals: Mapping[str, MeanInterval]) -> bool:
-    io, synthetic = intervals["IO"], intervals["SYNTHETIC"]
+def _deciding_ratio(kind: str, trials: Mapping[str, Sequence[float]]) -> tuple[str, RatioInterval, float]:
+    """The ratio that names verdict ``kind`` ("IO / SYNTHETIC", ...), its interval, and the bound it must stay
+    under."""
+    io, synthetic = trials["IO"], trials["SYNTHETIC"]
     if kind == "IO-bound":
-        return io.high < (1 - BOUND_MARGIN) * synthetic.low
+        return "IO / SYNTHETIC", ratio_interval(io, synthetic), 1 - BOUND_MARGIN
     if kind == "compute-bound":
-        return synthetic.high < (1 - BOUND_MARGIN) * io.low
-    full = intervals.get("FULL")
-    slower = io if io.mean <= synthetic.mean else synthetic
-    return full is not None and full.high < (1 - OVERHEAD_MARGIN) * slower.low
+        return "SYNTHETIC / IO", ratio_interval(synthetic, io), 1 - BOUND_MARGIN
+    slower = "IO" if sum(io) / len(io) <= sum(synthetic) / len(synthetic) else "SYNTHETIC"
+    full = trials.get("FULL")
+    if full is None:  # overhead is only named with FULL measured; never stands without it
+        return f"FULL / {slower}", RatioInterval(math.nan, math.nan, math.inf), 1 - OVERHEAD_MARGIN
+    return f"FULL / {slower}", ratio_interval(full, trials[slower]), 1 - OVERHEAD_MARGIN
 
 
-def _impossible_ordering(intervals: Mapping[str, MeanInterval]) -> str:
+def _impossible_ordering(trials: Mapping[str, Sequence[float]]) -> str:
     """A note when FULL beat SYNTHETIC beyond the noise ("" otherwise): FULL does all SYNTHETIC does, and more."""
-    full, synthetic = intervals.get("FULL"), intervals.get("SYNTHETIC")
-    if full is None or synthetic is None or not full.low > synthetic.high:
+    full, synthetic = trials.get("FULL"), trials.get("SYNTHETIC")
+    if not full or not synthetic or not ratio_interval(full, synthetic).low > 1:
         return ""
     return (
-        f". Note: FULL ({_rate(full.mean)}) is faster than SYNTHETIC ({_rate(synthetic.mean)}) beyond the noise, "
-        "which the same training step cannot be: the trials were disturbed (other processes on the node, too few "
-        "batches per trial, clocks ramping up); re-run them alone with more --nbatches"
+        f". Note: FULL ({_rate(_mean(full))}) is faster than SYNTHETIC ({_rate(_mean(synthetic))}) beyond the "
+        "noise, which the same training step cannot be: the trials were disturbed (other processes on the "
+        "node, too few batches per trial, clocks ramping up); re-run them alone with more --nbatches"
     )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
 
 
 def _interval_ends(series: TrialSeries) -> list[float]:
