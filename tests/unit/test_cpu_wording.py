@@ -85,3 +85,16 @@ def test_a_real_cpu_run_prints_no_gpu_wording_and_no_nan(tiny_config):
     assert "per GPU" not in log and "tf32" not in log
     assert "Execution: amp" in log  # the phrase is still there, without TF32
     assert "Efficiency report" in log and "nan" not in log.lower()
+
+
+def test_the_tensorboard_tag_of_tflops_is_device_neutral():
+    from dlscale.report.metrics_observer import epoch_scalars
+
+    report = epoch_report({"host_rss": 1.5})
+    report.learning_rate, report.iterations_per_second = 1e-3, 5.0
+    report.validation = SimpleNamespace(
+        loss=0.4, seconds=0.1, scalars={}, baseline_name=None, baseline_scalars={}
+    )
+    values = epoch_scalars(report)
+    assert values["Performance/TFLOP/s per device"] == 0.0123
+    assert not [tag for tag in values if "GPU" in tag]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from matplotlib.figure import Figure
 
@@ -61,9 +60,3 @@ def plotted_interval(series: TrialSeries) -> tuple[float, float]:
 
 
 _COLOURS = {"IO": "tab:green", "SYNTHETIC": "tab:orange", "FULL": "tab:blue"}
-
-
-def save_figure(figure: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    return path

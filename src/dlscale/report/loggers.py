@@ -5,22 +5,23 @@ MetricsReporter` makes the rows (one per step, one per epoch) and hands them to 
 names. ``<run>/metrics/steps.csv`` and ``<run>/metrics/epochs.csv`` are always written: plain files any tool
 reads, which survive a resume exactly as TensorBoard's curves do (rows after the checkpoint's step are dropped).
 
-wandb and MLflow are optional packages (``pip install 'dlscale[wandb]'``, ``'dlscale[mlflow]'``), imported only
-when named; wandb runs offline unless ``WANDB_MODE`` says otherwise (``wandb sync <run>/wandb/offline-run-*``
-uploads later), MLflow writes a file store under the run unless ``MLFLOW_TRACKING_URI`` names a server. Neither
-can take back points, so after a rollback they show the steps trained again twice; the CSV files and
-TensorBoard drop the undone steps.
+wandb and MLflow are optional packages (``pip install 'dlscale[wandb]'``, ``'dlscale[mlflow]'``; for MLflow
+``mlflow-skinny`` is enough), imported only when named; wandb runs offline unless ``WANDB_MODE`` says otherwise
+(``wandb sync <run>/wandb/offline-run-*`` uploads later), MLflow writes a file store under the run unless
+``MLFLOW_TRACKING_URI`` names a server or a database. Neither can take back points, so after a rollback they
+show the steps trained again twice; the CSV files and TensorBoard drop the undone steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import io
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -212,12 +213,19 @@ def _line(cells: Iterable[Any]) -> str:
 class WandbLogger:
     """A wandb run in ``<run>/wandb/``: offline unless ``WANDB_MODE`` says otherwise; its project is
     ``WANDB_PROJECT`` or "dlscale", its group the config's name. One wandb run per attempt of a dlscale run
-    (a resumed attempt starts a new one at the checkpoint's step)."""
+    (a resumed attempt starts a new one at the checkpoint's step).
+
+    Each row is one history row with the optimizer step in ``global_step``, the x-axis of every chart (wandb's
+    own ``_step`` counts rows and may only grow: given our step as wandb's step, it would drop with a warning
+    each row of the steps that a rollback trains again), and the measured time in ``_timestamp``. Closing
+    finishes the run; the wandb-core process writes the end of its file moments later (at the latest when this
+    process exits; ``wandb.teardown()`` waits for it)."""
 
     def __init__(self, run_dir: Path, record: Any, start_step: int):
         import wandb
 
-        self.run = wandb.init(
+        run_dir.mkdir(parents=True, exist_ok=True)  # wandb 0.16 logs to /tmp/wandb when `dir` does not exist
+        self.run: Any = wandb.init(
             project=os.environ.get("WANDB_PROJECT") or "dlscale",
             group=record.name,
             name=f"{record.name}/{run_dir.name}",
@@ -226,50 +234,96 @@ class WandbLogger:
             mode=os.environ.get("WANDB_MODE") or "offline",
             config={**record.resolved, "dlscale": {"source": record.source, "resumed_at_step": start_step}},
         )
+        try:
+            self.run.define_metric(WANDB_STEP, hidden=True)
+            self.run.define_metric("*", step_metric=WANDB_STEP)
+        except BaseException:
+            self.close()
+            raise
 
     def log_scalars(self, step: int, values: Mapping[str, float], wall_time: float) -> None:
-        # wandb refuses steps below its last one (after a rollback): it warns and drops them.
-        self.run.log(dict(values), step=step)
+        self.run.log({**values, WANDB_STEP: step, "_timestamp": wall_time})
 
     def close(self) -> None:
-        self.run.finish()
+        run, self.run = self.run, None
+        if run is not None:
+            run.finish()
+
+
+WANDB_STEP = "global_step"  # the history key of the optimizer step in a wandb run
 
 
 class MlflowLogger:
-    """An MLflow run in the experiment named after the config: in ``<run>/mlruns`` (a file store; ``mlflow ui
-    --backend-store-uri <run>/mlruns`` shows it) unless ``MLFLOW_TRACKING_URI`` is set. Names MLflow refuses
-    (parentheses, say: ``RMSE(u10m)/valid``) have those characters replaced by ``_``."""
+    """An MLflow run in the experiment named after the config: in ``<run>/mlruns`` (a file store) unless
+    ``MLFLOW_TRACKING_URI`` is set. Names MLflow refuses (parentheses, say: ``RMSE(u10m)/valid``) are changed by
+    :func:`mlflow_name`.
+
+    MLflow 3.13 and later refuse a file store unless ``MLFLOW_ALLOW_FILE_STORE=true`` (it gets no new features,
+    but keeps runs, metrics and tags, all this logger writes, and needs no database package): this logger sets
+    it around its own calls only. To look at the runs, ``MLFLOW_ALLOW_FILE_STORE=true mlflow ui
+    --backend-store-uri <run>/mlruns`` (or ``MlflowClient(tracking_uri=...)`` with the variable set)."""
 
     def __init__(self, run_dir: Path, record: Any, start_step: int):
         from mlflow.tracking import MlflowClient
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
-        self.client = MlflowClient(tracking_uri=uri)
-        experiment = self.client.get_experiment_by_name(record.name)
-        experiment_id = (
-            experiment.experiment_id if experiment is not None else self.client.create_experiment(record.name)
-        )
-        tags = {"dlscale.source": record.source, "dlscale.workload": record.workload}
-        tags["dlscale.resumed_at_step"] = str(start_step)
-        self.run_id = self.client.create_run(
-            experiment_id, run_name=f"{record.name}/{run_dir.name}", tags=tags
-        ).info.run_id
+        user_uri = os.environ.get("MLFLOW_TRACKING_URI")
+        self.tracking_uri = user_uri or (run_dir / "mlruns").resolve().as_uri()
+        self._own_file_store = not user_uri  # a store the user names is theirs to allow or not
+        self._closed = False
+        with self._store():
+            self.client = MlflowClient(tracking_uri=self.tracking_uri)
+            experiment = self.client.get_experiment_by_name(record.name)
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else self.client.create_experiment(record.name)
+            )
+            tags = {"dlscale.source": record.source, "dlscale.workload": record.workload}
+            tags["dlscale.resumed_at_step"] = str(start_step)
+            self.run_id = self.client.create_run(
+                experiment_id, run_name=f"{record.name}/{run_dir.name}", tags=tags
+            ).info.run_id
 
     def log_scalars(self, step: int, values: Mapping[str, float], wall_time: float) -> None:
         from mlflow.entities import Metric
 
         millis = int(wall_time * 1000)
         metrics = [Metric(mlflow_name(k), float(v), millis, step) for k, v in values.items()]
-        for start in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics per batch
-            self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
+        with self._store():
+            for start in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics per batch
+                self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
 
     def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+        """Mark the run finished (once: closing again leaves its end time as it was)."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._store():
+            self.client.set_terminated(self.run_id)
+
+    @contextlib.contextmanager
+    def _store(self) -> Iterator[None]:
+        """``MLFLOW_ALLOW_FILE_STORE=true`` while MLflow opens our default file store (it checks the variable
+        when it builds a store, which it may do again on any call), unless the user set the variable."""
+        if not self._own_file_store or FILE_STORE_SWITCH in os.environ:
+            yield
+            return
+        os.environ[FILE_STORE_SWITCH] = "true"
+        try:
+            yield
+        finally:
+            os.environ.pop(FILE_STORE_SWITCH, None)
+
+
+FILE_STORE_SWITCH = "MLFLOW_ALLOW_FILE_STORE"
 
 
 def mlflow_name(name: str) -> str:
-    """``name`` with the characters MLflow refuses in metric names replaced by ``_``."""
-    return re.sub(r"[^\w./\- :]", "_", name)
+    """``name`` as every MLflow takes it: the characters it refuses in metric names replaced by ``_`` (``:``
+    too, which MLflow 2 and MLflow on Windows refuse), and so is each empty, ``.`` or ``..`` part between
+    slashes (MLflow refuses names that a file path would read otherwise)."""
+    parts = re.sub(r"[^\w./\- ]", "_", name).split("/")
+    return "/".join("_" if part in ("", ".", "..") else part for part in parts)
 
 
 # ----------------------------------------------------------------------------------------------- choosing

@@ -17,7 +17,7 @@ import torch
 from dlscale.config import RunConfig
 from dlscale.perf.bench import BenchResults, Clock, run_trials
 from dlscale.perf.bench_config import BenchConfig
-from dlscale.perf.bench_plot import plotted_interval, save_figure, throughput_figure
+from dlscale.perf.bench_plot import plotted_interval, throughput_figure
 from dlscale.perf.bench_report import (
     TrialSeries,
     Verdict,
@@ -30,6 +30,7 @@ from dlscale.perf.bench_report import (
     utilization_line,
     utilization_numbers,
 )
+from dlscale.report.figures import save_png
 from dlscale.report.run_dir import run_directory, setup_logging
 from dlscale.run.assembly import build_training, describe_run
 from dlscale.runtime.atomic_files import write_text_atomically
@@ -109,7 +110,7 @@ def run_benchmark(
         results = {name: plotted_interval(t) for name, t in tests.items()}
         title = f"dlscale bench {cfg.name} on {setup.device.name}: {verdict.kind}"
         figure = throughput_figure([f"{bench.ntrials} trials of {bench.nbatches} batches"], [results], title)
-        log.info("BENCHY::INFO::Plot: %s", save_figure(figure, path.with_suffix(".png")))
+        log.info("BENCHY::INFO::Plot: %s", save_png(figure, path.with_suffix(".png")))
     return BenchResults(tests, process.world_size, verdict, utilization, record, path)
 
 
