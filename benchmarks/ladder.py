@@ -31,8 +31,9 @@ import torch
 from dlscale import __version__
 from dlscale.config import load_run_config
 from dlscale.data.synth_era5 import existing_spec, spec_from_preset, write_synthetic_era5
-from dlscale.perf.bench_plot import save_figure, throughput_figure
-from dlscale.perf.bench_report import TEST_NAMES
+from dlscale.perf.bench_plot import plotted_interval, throughput_figure
+from dlscale.perf.bench_report import TEST_NAMES, TrialSeries
+from dlscale.report.figures import save_png
 from dlscale.report.run_dir import setup_logging
 from dlscale.run.bench import bench_one_config
 from dlscale.runtime.atomic_files import write_text_atomically
@@ -202,6 +203,7 @@ def run_ladder(args: argparse.Namespace) -> dict:
                     name: {
                         "mean": series.mean,
                         "std": series.std,
+                        "trials": series.trial_throughput,
                         "peak_memory_gb": series.peak_memory_gb,
                         "energy": series.energy,
                     }
@@ -276,13 +278,23 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
+    """One panel per test, a bar per rung, error bars the 95% interval of the trials' mean (the std of the
+    trials for a ladder recorded before the trials themselves were kept)."""
     rows = [row for row in result["rungs"] if "skipped" not in row]
+    with_trials = all("trials" in row[name] for row in rows for name in TEST_NAMES if name in row)
     results = [
-        {name: (row[name]["mean"], row[name]["std"]) for name in TEST_NAMES if name in row} for row in rows
+        {name: error_bar(row[name], with_trials) for name in TEST_NAMES if name in row} for row in rows
     ]
     title = f"dlscale ladder, {result['config']} on {result['device']}"
-    figure = throughput_figure([row["rung"] for row in rows], results, title, error_label="std of the trials")
-    save_figure(figure, path)
+    label = "95% CI" if with_trials else "std of the trials"
+    save_png(throughput_figure([row["rung"] for row in rows], results, title, error_label=label), path)
+
+
+def error_bar(test: dict, with_trials: bool) -> tuple[float, float]:
+    """(mean, half-width of the 95% interval, 0 for one trial) of a rung's test; (mean, std) without trials."""
+    if not with_trials:
+        return test["mean"], test["std"]
+    return plotted_interval(TrialSeries("", trial_throughput=test["trials"]))
 
 
 def merge_rungs(earlier: dict, latest: dict) -> dict:

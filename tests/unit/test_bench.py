@@ -490,7 +490,7 @@ def test_dlscale_bench_runs_the_three_tests_and_writes_the_json(tiny_era5, tmp_p
 def test_dlscale_bench_sweep_writes_a_table_and_a_plot(tiny_era5, tmp_path, capsys):
     assert main(tiny_command(tiny_era5, tmp_path, "--sweep", "num_data_workers=0,1")) == 0
     out = capsys.readouterr().out
-    sweep_dir = tmp_path / "tiny" / "00" / "sweep_num_data_workers"
+    (sweep_dir,) = (tmp_path / "tiny" / "00" / "bench").glob("*-sweep-num_data_workers")
     assert (sweep_dir / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (sweep_dir / "sweep.md").read_text()
     assert "| num_data_workers | IO samples/s | SYNTHETIC samples/s | FULL samples/s |" in table
@@ -499,6 +499,9 @@ def test_dlscale_bench_sweep_writes_a_table_and_a_plot(tiny_era5, tmp_path, caps
     combined = json.loads((sweep_dir / "sweep.json").read_text())
     assert [p["overrides"] for p in combined["points"]] == [["num_data_workers=0"], ["num_data_workers=1"]]
     assert all(Path(p["json"]).is_file() for p in combined["points"])
+    # the same sweep again goes to a folder of its own
+    assert main(tiny_command(tiny_era5, tmp_path, "--sweep", "num_data_workers=0,1")) == 0
+    assert len(list((tmp_path / "tiny" / "00" / "bench").glob("*-sweep-num_data_workers"))) == 2
 
 
 def test_each_test_reports_the_energy_and_power_of_the_gpu(tmp_path, bench_lines, monkeypatch):

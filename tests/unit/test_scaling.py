@@ -185,7 +185,13 @@ def test_several_records_at_one_count_are_pooled_and_noted(tmp_path, tiny_config
     two = study.points[1]
     assert two.ddp.runs == 2 and two.ddp.mean == pytest.approx(190.0) and two.ddp.std == pytest.approx(10.0)
     assert any("2 GPU(s) ddp: averaged 2 runs" in note and "c.json" in note for note in study.notes)
-    assert "| 2 | 4 | 8 | 2 | 190.0 ± 10.0 | 200.0 | 1.90x | 95.0% |" in scaling_table(study)
+    # pooled trials 180, 180, 200, 200: standard error 5.774, t(3) = 3.182, so +- 18.4; the speed-up's Welch
+    # interval over the exact baseline is the same relative width, and the efficiency's is half of it (B / N)
+    assert two.ddp.low == pytest.approx(190.0 - 3.182 * 20 / 3**0.5 / 2, abs=0.01)
+    assert two.speedup_interval == pytest.approx((two.ddp.low / 100, two.ddp.high / 100), abs=1e-4)
+    assert two.efficiency_interval == pytest.approx((two.ddp.low / 200, two.ddp.high / 200), abs=1e-4)
+    row = "| 2 | 4 | 8 | 2 | 190.0 +- 18.4 (95% CI, 4 trials) | 200.0 | 1.90x (1.72x to 2.08x) | 95.0% (85.8% to 104.2%) |"
+    assert row in scaling_table(study)
 
 
 def test_records_of_different_configs_or_devices_are_refused_unless_allowed(tmp_path, tiny_config):
@@ -244,14 +250,11 @@ def test_outputs_table_json_and_png(tmp_path, tiny_config):
     assert {p.name for p in paths.values()} == {"scaling.md", "scaling.json", "scaling.png"}
     table = paths["md"].read_text()
     assert table.startswith("# weak scaling: tiny on cpu")
-    assert (
-        "| GPUs | local batch | global batch | runs | samples/s | ideal samples/s | speed-up | efficiency |"
-        in table
-    )
-    assert (
-        "| 8 | 4 | 32 | 1 + 1 noddp | 640.0 ± 1.0 | 800.0 | 6.40x | 80.0% | 760.0 ± 0.0 | 95.0% | 15.8% |"
-        in table
-    )
+    # on a CPU a rank is a process, not a GPU
+    header = "| processes | local batch | global batch | runs | samples/s (95% CI) | ideal samples/s | speed-up (95% CI)"
+    assert header in table
+    assert "| 8 | 4 | 32 | 1 + 1 noddp | 640.0 +- " in table and " | 800.0 | 6.40x (" in table
+    assert "| 760.0 +- 0.0 (95% CI, 2 trials) | 95.0% | 15.8% |" in table
     document = json.loads(paths["json"].read_text())
     assert document["kind"] == SCALING_KIND and document["mode"] == "weak"
     assert document["points"][3]["comm_overhead"] == pytest.approx(1 - 640 / 760)
@@ -276,7 +279,8 @@ def test_command_writes_beside_the_records_and_skips_its_own_output_on_a_rerun(
     printed = capsys.readouterr().out
     assert (
         "weak scaling: tiny on cpu" in printed
-        and "| 4 | 4 | 16 | 1 | 360.0 ± 1.0 | 400.0 | 3.60x | 90.0% |" in printed
+        and "| 4 | 4 | 16 | 1 | 360.0 +- " in printed
+        and " | 400.0 | 3.60x (" in printed
     )
     assert f"plot {runs / 'scaling.png'}" in printed
     assert (runs / "scaling.png").read_bytes().startswith(PNG_SIGNATURE)
@@ -301,3 +305,9 @@ def test_log_ticks_read_as_numbers_across_a_narrow_range():
     assert all(95 <= t <= 180 for t in ticks)
     assert all(float(f"{t:.2g}") == t for t in ticks)
     assert log_ticks(5, 5) == [5]
+
+
+def test_a_gpu_study_counts_gpus():
+    from dlscale.perf.scaling import rank_word
+
+    assert rank_word("NVIDIA H100 80GB HBM3") == "GPUs" and rank_word("cpu (2 threads)") == "processes"

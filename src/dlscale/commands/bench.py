@@ -31,9 +31,10 @@ from dlscale.perf.sweep import (
     write_sweep_outputs,
 )
 from dlscale.report.run_dir import run_directory, setup_logging
-from dlscale.run.bench import bench_one_config
+from dlscale.run.bench import bench_one_config, default_sweep_dir
 from dlscale.run.process_group import distributed_run
 from dlscale.runtime.device import Device
+from dlscale.runtime.distributed import share_text_from_main
 from dlscale.runtime.launch import detect_process
 from dlscale.version import __version__
 
@@ -69,13 +70,14 @@ def run_bench_command(args: argparse.Namespace) -> int:
         output = Path(args.output).expanduser().resolve() if args.output else None
         api.bench_config(base, output, command_line(args))
         return 0
-    with distributed_run(process, Device.select(process.local_rank), base.parallel.timeout_s) as ending:
-        status = _run_bench(args, base, flags)
+    device = Device.select(process.local_rank)
+    with distributed_run(process, device, base.parallel.timeout_s) as ending:
+        status = _run_bench(args, base, flags, device)
         ending.alike = True
         return status
 
 
-def _run_bench(args: argparse.Namespace, base: RunConfig, flags: dict[str, object]) -> int:
+def _run_bench(args: argparse.Namespace, base: RunConfig, flags: dict[str, object], device: Device) -> int:
     """The trials of every point of the command line's sweep over ``base``."""
     command = command_line(args)
     output = Path(args.output).expanduser().resolve() if args.output else None
@@ -86,8 +88,13 @@ def _run_bench(args: argparse.Namespace, base: RunConfig, flags: dict[str, objec
         point: load_run_config(args.yaml_config, args.config, [*args.set, *point_overrides(point)], flags)
         for point in sweep_points(specs)
     }
-    sweep_dir = run_directory(base.log, base.name) / f"sweep_{'_'.join(s.key.split('.')[-1] for s in specs)}"
-    combined = output or sweep_dir / "sweep.json"
+    combined = output
+    if combined is None:  # rank 0's clock names the folder, so that every rank writes into the same one
+        keys = [s.key.split(".")[-1] for s in specs]
+        sweep_dir = share_text_from_main(
+            str(default_sweep_dir(run_directory(base.log, base.name), keys)), device
+        )
+        combined = Path(str(sweep_dir)) / "sweep.json"
 
     def measure(point: Point) -> BenchResults:
         return bench_one_config(

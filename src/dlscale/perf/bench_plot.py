@@ -38,10 +38,13 @@ def throughput_figure(
         positions = [i for i, r in enumerate(results) if name in r]
         means = [results[i][name][0] for i in positions]
         errors = [results[i][name][1] for i in positions]
-        bars = axis.bar(positions, means, 0.6, yerr=errors, capsize=3, color=_COLOURS[name])
-        axis.bar_label(
-            bars, labels=[f"{m:,.0f}" if m >= 100 else f"{m:.3g}" for m in means], fontsize=7, padding=2
-        )
+        axis.bar(positions, means, 0.6, yerr=errors, capsize=3, color=_COLOURS[name])
+        for x, mean, error in zip(positions, means, errors, strict=True):
+            # above the error bar's cap, which the number would otherwise sit on
+            text = f"{mean:,.0f}" if mean >= 100 else f"{mean:.3g}"
+            axis.annotate(
+                text, (x, mean + error), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7
+            )
         axis.set_xticks(range(len(labels)), labels, fontsize=8)
         axis.set_ylim(bottom=0)
         axis.margins(y=0.15)

@@ -11,7 +11,10 @@ samples/s. Per N, with B the smallest N measured with gradient sync (or without 
 
 Weak scaling keeps the local batch (the global batch grows with N); strong scaling keeps the global batch (the
 local batch shrinks). The formulas are the same; the mode is read from the records' batch sizes, checked, and
-named in the outputs. Several records for one (N, noddp) are pooled: mean and std over all their trials.
+named in the outputs. Several records for one (N, noddp) are pooled: mean, std and the 95 % interval of the
+mean over all their trials (:mod:`dlscale.perf.trial_statistics`, as the bench and the tuner use); speed-up and
+efficiency carry the Welch interval of the ratio T(N) / T(B) (scaled by B / N for the efficiency), so a
+"90 % efficient" that two noisy trials cannot support reads as such.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlscale.errors import DlscaleError
+from dlscale.perf.trial_statistics import compare_throughputs, mean_interval
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
 
@@ -158,11 +162,28 @@ class Series:
     mean: float
     std: float  # population std over all trials of all runs: run-to-run spread included
     runs: int
+    trials: list[float] = field(default_factory=list)  # every FULL trial's global samples/s
+    low: float = -math.inf  # the 95 % interval of the mean (infinite with one trial)
+    high: float = math.inf
 
     @classmethod
     def pool(cls, runs: Sequence[BenchRun]) -> Series | None:
         trials = [x for run in runs for x in run.full_trials]
-        return cls(statistics.fmean(trials), statistics.pstdev(trials), len(runs)) if trials else None
+        if not trials:
+            return None
+        interval = mean_interval(trials)
+        return cls(
+            statistics.fmean(trials),
+            statistics.pstdev(trials),
+            len(runs),
+            trials,
+            interval.low,
+            interval.high,
+        )
+
+    def describe(self) -> str:
+        """'1101.5 +- 383.7 (95% CI, 3 trials)' or '927.6 (1 trial: no interval)'."""
+        return mean_interval(self.trials).describe(unit="").replace("  ", " ")
 
 
 @dataclass
@@ -177,6 +198,9 @@ class ScalingPoint:
     ideal: float
     speedup: float | None = None
     efficiency: float | None = None
+    # 95 % intervals of speed-up and efficiency (Welch's, of T(N) / T(B)); infinite with single trials
+    speedup_interval: tuple[float, float] | None = None
+    efficiency_interval: tuple[float, float] | None = None
     noddp_efficiency: float | None = None
     comm_overhead: float | None = None  # 1 - ddp / noddp throughput
 
@@ -228,6 +252,9 @@ def analyse_scaling(runs: Sequence[BenchRun], mode: str = "auto", allow_mixed: b
         if point.ddp is not None:
             point.speedup = point.ddp.mean / baseline.mean
             point.efficiency = point.ddp.mean / point.ideal
+            ratio = compare_throughputs(point.ddp.trials, baseline.trials)
+            point.speedup_interval = (ratio.low, ratio.high)
+            point.efficiency_interval = (ratio.low * baseline_gpus / gpus, ratio.high * baseline_gpus / gpus)
         if point.noddp is not None:
             point.noddp_efficiency = point.noddp.mean / point.ideal
             # One rank has nothing to communicate: a difference there is noise, not an overhead.
@@ -246,21 +273,39 @@ def _fmt(value: float | None, pattern: str) -> str:
 
 
 def _rate(series: Series | None) -> str:
-    return "-" if series is None else f"{series.mean:.1f} ± {series.std:.1f}"
+    return "-" if series is None else series.describe()
+
+
+def _with_interval(value: float | None, interval: tuple[float, float] | None, pattern: str) -> str:
+    """'59.4% (40.1% to 78.7%)'; the value alone where the interval is unknown or unbounded."""
+    if value is None:
+        return "-"
+    if interval is None or not all(map(math.isfinite, interval)):
+        return pattern.format(value)
+    return f"{pattern.format(value)} ({pattern.format(interval[0])} to {pattern.format(interval[1])})"
+
+
+def rank_word(device: str) -> str:
+    """What one rank is on ``device`` ("cpu (2 threads)", "NVIDIA H100 ..."): a GPU, or a CPU process."""
+    return "processes" if device.lower().startswith("cpu") else "GPUs"
 
 
 def scaling_table(study: ScalingStudy) -> list[str]:
     """A Markdown table, one row per GPU count; the noddp columns only when noddp runs exist."""
     with_noddp = any(p.noddp is not None for p in study.points)
-    header = ["GPUs", "local batch", "global batch", "runs", "samples/s"]
-    header += ["ideal samples/s", "speed-up", "efficiency"]
+    header = [rank_word(study.device), "local batch", "global batch", "runs", "samples/s (95% CI)"]
+    header += ["ideal samples/s", "speed-up (95% CI)", "efficiency (95% CI)"]
     if with_noddp:
         header += ["noddp samples/s", "noddp efficiency", "comm. overhead"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     for p in study.points:
         runs = str(p.ddp.runs if p.ddp else 0) + (f" + {p.noddp.runs} noddp" if p.noddp else "")
         cells = [str(p.gpus), _fmt(p.local_batch, "{}"), _fmt(p.global_batch, "{}"), runs, _rate(p.ddp)]
-        cells += [f"{p.ideal:.1f}", _fmt(p.speedup, "{:.2f}x"), _fmt(p.efficiency, "{:.1%}")]
+        cells += [
+            f"{p.ideal:.1f}",
+            _with_interval(p.speedup, p.speedup_interval, "{:.2f}x"),
+            _with_interval(p.efficiency, p.efficiency_interval, "{:.1%}"),
+        ]
         if with_noddp:
             cells += [_rate(p.noddp), _fmt(p.noddp_efficiency, "{:.1%}"), _fmt(p.comm_overhead, "{:.1%}")]
         lines.append("| " + " | ".join(cells) + " |")
@@ -304,28 +349,57 @@ def scaling_figure(study: ScalingStudy) -> Figure:
         efficiency = [p.efficiency if name == "ddp" else p.noddp_efficiency for p in shown]
         if shown:
             rate_axis.errorbar(
-                xs, [s.mean for s in series], [s.std for s in series], fmt=marker, capsize=3, label=name
+                xs, [s.mean for s in series], _error_bars(series), fmt=marker, capsize=3, label=name
             )
-            efficiency_axis.plot(xs, [100 * e for e in efficiency], marker, label=name)
+            if name == "ddp":
+                bounds = [p.efficiency_interval for p in shown]
+                efficiency_axis.errorbar(
+                    xs,
+                    [100 * e for e in efficiency],
+                    _error_bars_of(efficiency, bounds, 100),
+                    fmt=marker,
+                    capsize=3,
+                    label=name,
+                )
+            else:
+                efficiency_axis.plot(xs, [100 * e for e in efficiency], marker, label=name)
     efficiency_axis.axhline(100, color="k", linestyle="--", label="ideal")
     for axis in (rate_axis, efficiency_axis):
         axis.set_xscale("log", base=2)
         # Margins in log space: with one GPU count the axis would otherwise collapse to a point.
         axis.set_xlim(min(gpus) / 1.4, max(gpus) * 1.4)
         axis.set_xticks(gpus, [str(n) for n in gpus])
-        axis.set_xlabel("GPUs")
+        axis.set_xlabel(rank_word(study.device))
         axis.legend(fontsize=8)
     rate_axis.set_yscale("log", base=2)  # with both axes logarithmic, ideal scaling is a straight line
     low, high = rate_axis.get_ylim()
     # A study within one power of two would get a single power-of-two tick: place readable ones instead.
     rate_axis.set_yticks(log_ticks(low, high), [f"{t:,.4g}" for t in log_ticks(low, high)])
     rate_axis.yaxis.set_minor_formatter(NullFormatter())
-    rate_axis.set_ylabel("FULL global samples/s")
-    efficiency_axis.set_ylabel("scaling efficiency (%)")
+    rate_axis.set_ylabel("FULL global samples/s (error bar: 95% CI)", fontsize=9)
+    efficiency_axis.set_ylabel("scaling efficiency (%) (error bar: 95% CI)", fontsize=9)
     top = max([110.0] + [100 * (p.efficiency or p.noddp_efficiency or 0) + 5 for p in study.points])
     efficiency_axis.set_ylim(0, top)
     figure.suptitle(study.title, fontsize=10)
     return figure
+
+
+def _error_bars(series: Sequence[Series]) -> list[list[float]]:
+    """Below- and above-the-mean lengths of each series' 95 % interval (none with one trial), kept above 0 for
+    the log axis."""
+    return _error_bars_of([s.mean for s in series], [(s.low, s.high) for s in series], 1.0)
+
+
+def _error_bars_of(
+    values: Sequence[float | None], intervals: Sequence[tuple[float, float] | None], scale: float
+) -> list[list[float]]:
+    below, above = [], []
+    for value, interval in zip(values, intervals, strict=True):
+        finite = value is not None and interval is not None and all(map(math.isfinite, interval))
+        low, high = interval if finite else (value, value)
+        below.append(scale * (value - max(low, 0.02 * value)) if value else 0.0)
+        above.append(scale * (high - value) if value else 0.0)
+    return [below, above]
 
 
 def write_scaling_outputs(study: ScalingStudy, out_dir: Path) -> dict[str, Path]:

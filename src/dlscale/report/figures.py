@@ -314,7 +314,7 @@ def loss_curve_figure(
     loss_axis.set_xlabel("optimizer step")
     loss_axis.set_ylabel(f"loss ({loss_name})" if loss_name else "loss")
     loss_axis.legend(fontsize=8)
-    metric_axis = figure.add_subplot(1, 2, 2)
+    metric_axis = figure.add_subplot(1, 2, 2, sharex=loss_axis)  # the same steps side by side
     if history:
         name = history[-1]["headline"]
         metric_axis.plot(steps, [row["headline_value"] for row in history], "s-", color="C2", label=name)

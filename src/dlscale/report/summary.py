@@ -118,7 +118,8 @@ class RunSummary(Observer):
             columns = read_csv_columns(self.run_dir / STEPS_CSV)
             step_losses = (columns["step"], columns["train_loss"]) if "train_loss" in columns else None
             title = (
-                f"{trainer.setup.record.name}: {len(history)} epochs, {trainer.progress.global_step} steps"
+                f"{trainer.setup.record.name}: {len(history)} epoch{'s' if len(history) != 1 else ''}, "
+                f"{trainer.progress.global_step} steps"
             )
             figure = loss_curve_figure(history, title, step_losses, self.loss_name)
             paths.append(save_png(figure, self.run_dir / "figures" / "loss_curves.png"))

@@ -8,6 +8,7 @@ import logging
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -120,12 +121,22 @@ def default_bench_path(run_dir: Path, bench: BenchConfig, now: datetime | None =
     name = Path(bench.output_filename).expanduser()
     if name.is_absolute():
         return name
+    return _unused_path(run_dir / "bench", name.name, now)
+
+
+def default_sweep_dir(run_dir: Path, keys: Sequence[str], now: datetime | None = None) -> Path:
+    """``<run_dir>/bench/<date-time>-sweep-<key>[-<key>...]/``: a sweep's files in a folder of their own, never
+    over an earlier sweep's."""
+    return _unused_path(run_dir / "bench", "sweep-" + "-".join(keys), now)
+
+
+def _unused_path(folder: Path, name: str, now: datetime | None) -> Path:
+    """``folder/<date-time>-<name>``, or ``<date-time>-2-<name>``, ... when that exists already."""
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    folder = run_dir / "bench"
-    path = folder / f"{stamp}-{name.name}"
+    path = folder / f"{stamp}-{name}"
     number = 2
     while path.exists():
-        path = folder / f"{stamp}-{number}-{name.name}"
+        path = folder / f"{stamp}-{number}-{name}"
         number += 1
     return path
 
