@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
+from benchmark_text import command_line
 
 import dlscale
 from dlscale.config import load_run_config
@@ -299,15 +299,8 @@ def summarize(args: argparse.Namespace, argv: list[str], runs: list[dict[str, An
         "h5py_version": h5py.__version__,
         "dlscale_version": dlscale.__version__,
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": command_line(argv),
+        "command": command_line(sys.argv[0], argv),
     }
-
-
-def command_line(argv: list[str]) -> str:
-    """This run's command, with the PYTHONPATH that made dlscale importable from a checkout."""
-    path = os.environ.get("PYTHONPATH")
-    prefix = f"PYTHONPATH={shlex.quote(path)} " if path else ""
-    return prefix + shlex.join(["python", sys.argv[0], *argv])
 
 
 def markdown(result: dict[str, Any]) -> str:

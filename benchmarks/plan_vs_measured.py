@@ -32,7 +32,6 @@ import dataclasses
 import json
 import os
 import platform
-import shlex
 import sys
 import warnings
 from datetime import datetime
@@ -51,6 +50,7 @@ from allocation_trace import (
     storage_address,
     verify_tracking,
 )
+from benchmark_text import MIB, command_line, mib, percent_range
 from matplotlib.figure import Figure
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -83,7 +83,6 @@ from dlscale.training.step import TrainStep
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-MIB = 1 << 20
 IN_CHANNELS, OUT_CHANNELS = 20, 20  # as ERA5's configs
 PARALLEL_ORDER = "tp-cp-dp"
 # Steps run with saved-tensor hooks, to say what is live at the peak: their peaks must equal the measured one.
@@ -274,7 +273,7 @@ def summarize(cases: list[dict[str, Any]], self_check: dict[str, int], argv: lis
     return {
         "benchmark": "plan-vs-measured",
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": command_line(argv),
+        "command": command_line("benchmarks/plan_vs_measured.py", argv),
         "device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores), 1 thread a rank",
         "torch_version": torch.__version__,
         "dlscale_version": __version__,
@@ -286,22 +285,6 @@ def summarize(cases: list[dict[str, Any]], self_check: dict[str, int], argv: lis
         "ratio_max": max(ratios),
         "cases": cases,
     }
-
-
-def command_line(argv: list[str]) -> str:
-    """This run's command, with the environment that shapes it (threads, where dlscale comes from)."""
-    names = ("OMP_NUM_THREADS", "PYTHONPATH")
-    env = " ".join(f"{name}={shlex.quote(os.environ[name])}" for name in names if name in os.environ)
-    return f"{env} " * bool(env) + shlex.join(["python", "benchmarks/plan_vs_measured.py", *argv])
-
-
-def _mib(value: float) -> str:
-    return f"{value / MIB:.2f}"
-
-
-def _percent_range(values: list[float]) -> str:
-    low, high = round(100 * min(values)), round(100 * max(values))
-    return f"{low} %" if low == high else f"{low}-{high} %"
 
 
 def reading(result: dict[str, Any]) -> str:
@@ -319,12 +302,12 @@ def reading(result: dict[str, Any]) -> str:
     in_images = [c["at_peak"]["other"] / c["output_image_bytes"] for c in cases]
     images = f"{min(in_images):.1f}-{max(in_images):.1f}"
     sentences = [
-        f"The estimate is {_percent_range(ratios)} of the measured peak, below it in {len(below)} of "
+        f"The estimate is {percent_range(ratios)} of the measured peak, below it in {len(below)} of "
         f"{len(cases)} cases; the activation formula matches what autograd saves byte for byte in {exact} of "
         f"{len(cases)}, so the gap is made of what the estimate does not model.",
         f"Every peak falls in the {' or '.join(phases)}, where the estimate misses the batch "
-        f"({_percent_range(share['batch'])} of the peak: the targets, and under bf16 the fp32 inputs, which only "
-        f"fp32's convolution saves) and other tensors ({_percent_range(share['other'])}, {images} times an fp32 "
+        f"({percent_range(share['batch'])} of the peak: the targets, and under bf16 the fp32 inputs, which only "
+        f"fp32's convolution saves) and other tensors ({percent_range(share['other'])}, {images} times an fp32 "
         "output image: the fp32 copy of the output and the image-sized gradients of the loss's backward).",
     ]
     if no_gradients:
@@ -366,7 +349,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{check['expected_live_after_bytes']}); the steps with saved-tensor hooks that split the peak differ "
         f"from the measured step by {mismatch} bytes at most",
         f"- gloo ranks: the profiler does not record the frees that gloo's worker threads make; they were put "
-        f"back at the end of their collective (up to {_mib(missed)} MiB over a rank's whole run); "
+        f"back at the end of their collective (up to {mib(missed)} MiB over a rank's whole run); "
         f"{'every' if ranks_agree else 'not every'} rank of a layout then peaks at the same byte count",
         f"- ViT with 4 heads, patch 4, MLP ratio 4, {IN_CHANNELS} channels in and out; MiB = 2^20 bytes",
         "",
@@ -377,12 +360,12 @@ def markdown(result: dict[str, Any]) -> str:
     for case in cases:
         at_peak = case["at_peak"]
         lines.append(
-            f"| {case['case']} | {len(case['ranks'])} | {_mib(case['estimate_bytes']['total'])} "
-            f"| {_mib(case['measured_peak_bytes'])} | {case['ratio_estimate_over_measured']:.2f} "
+            f"| {case['case']} | {len(case['ranks'])} | {mib(case['estimate_bytes']['total'])} "
+            f"| {mib(case['measured_peak_bytes'])} | {case['ratio_estimate_over_measured']:.2f} "
             f"| {case['peak_phase']} "
-            f"| {_mib(case['saved_activations_measured'])} / {_mib(case['saved_activations_estimated'])} "
-            f"| {_mib(sum(at_peak[k] for k in MODEL_STATES))} / {_mib(at_peak['saved for backward'])} "
-            f"/ {_mib(at_peak['batch'])} / {_mib(at_peak['other'])} |"
+            f"| {mib(case['saved_activations_measured'])} / {mib(case['saved_activations_estimated'])} "
+            f"| {mib(sum(at_peak[k] for k in MODEL_STATES))} / {mib(at_peak['saved for backward'])} "
+            f"/ {mib(at_peak['batch'])} / {mib(at_peak['other'])} |"
         )
     return "\n".join([*lines, "", reading(result), ""])
 

@@ -25,7 +25,6 @@ import dataclasses
 import json
 import os
 import platform
-import shlex
 import sys
 import warnings
 from datetime import datetime
@@ -41,6 +40,7 @@ from allocation_trace import (
     step_breakdown,
     verify_tracking,
 )
+from benchmark_text import command_line
 from torch.profiler import ProfilerActivity, profile, record_function
 from workload_plan_report import figure, markdown
 
@@ -275,13 +275,6 @@ def measure_case(case: WorkloadCase, amp: str, layout: DataParallelLayout, root:
     }
 
 
-def command_line(argv: list[str]) -> str:
-    """This run's command, with the environment that shapes it."""
-    names = ("OMP_NUM_THREADS", "PYTHONPATH")
-    env = " ".join(f"{name}={shlex.quote(os.environ[name])}" for name in names if name in os.environ)
-    return f"{env} " * bool(env) + shlex.join(["python", "benchmarks/plan_vs_measured_workloads.py", *argv])
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(RESULTS), help="results directory")
@@ -317,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "plan-vs-measured-workloads",
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": command_line(argv),
+        "command": command_line("benchmarks/plan_vs_measured_workloads.py", argv),
         "device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores), 1 thread a rank",
         "torch_version": torch.__version__,
         "dlscale_version": __version__,

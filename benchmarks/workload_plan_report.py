@@ -5,20 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from allocation_trace import CATEGORIES
+from benchmark_text import mib, percent_range
 from matplotlib.figure import Figure
 
-MIB = 1 << 20
 MODEL_STATES = CATEGORIES[:3]  # parameters, gradients, optimizer state
 PROMISED = (0.68, 1.11)  # the ViT's analytic planner's range on the CPU (benchmarks/plan_vs_measured.py)
-
-
-def _mib(value: float) -> str:
-    return f"{value / MIB:.2f}"
-
-
-def _percent_range(values: list[float]) -> str:
-    low, high = round(100 * min(values)), round(100 * max(values))
-    return f"{low} %" if low == high else f"{low}-{high} %"
 
 
 def reading(result: dict[str, Any]) -> str:
@@ -27,7 +18,7 @@ def reading(result: dict[str, Any]) -> str:
     ratios = [c["ratio_estimate_over_measured"] for c in cases]
     workloads = sorted({c["workload"] for c in cases})
     per_workload = ", ".join(
-        f"{name} {_percent_range([c['ratio_estimate_over_measured'] for c in cases if c['workload'] == name])}"
+        f"{name} {percent_range([c['ratio_estimate_over_measured'] for c in cases if c['workload'] == name])}"
         for name in workloads
     )
     phases = sorted({c["peak_phase"] for c in cases})
@@ -35,9 +26,9 @@ def reading(result: dict[str, Any]) -> str:
     over = [c for c in cases if c["ratio_estimate_over_measured"] > 1]
     no_gradients = [c for c in over if c["at_peak"]["gradients"] == 0]
     sentences = [
-        f"The estimate is {_percent_range(ratios)} of the measured peak ({per_workload}), below it in "
+        f"The estimate is {percent_range(ratios)} of the measured peak ({per_workload}), below it in "
         f"{sum(r < 1 for r in ratios)} of {len(cases)} cases; the peaks fall in the {' or '.join(phases)}.",
-        f"What it does not model is the 'other' at the peak ({_percent_range(other)} of it): the gradients "
+        f"What it does not model is the 'other' at the peak ({percent_range(other)} of it): the gradients "
         "flowing back through the layers (largest for the U-Net's full-resolution output and the CNN's "
         "feature maps), the loss's and the collectives' temporaries, FSDP2's unsharded parameters and "
         "gradients (which the estimate counts among the states).",
@@ -83,13 +74,13 @@ def markdown(result: dict[str, Any]) -> str:
     for case in cases:
         estimate, at_peak = case["estimate_bytes"], case["at_peak"]
         lines.append(
-            f"| {case['case']} | {estimate['optimizer']} | {case['local_batch']} | {_mib(estimate['total'])} "
-            f"| {_mib(case['measured_peak_bytes'])} | {case['ratio_estimate_over_measured']:.2f} "
+            f"| {case['case']} | {estimate['optimizer']} | {case['local_batch']} | {mib(estimate['total'])} "
+            f"| {mib(case['measured_peak_bytes'])} | {case['ratio_estimate_over_measured']:.2f} "
             f"| {case['peak_phase']} "
-            f"| {_mib(estimate['model_states'])} / {_mib(estimate['activations'])} / {_mib(estimate['batch'])} "
-            f"/ {_mib(estimate['autocast_weight_copies'])} "
-            f"| {_mib(sum(at_peak[k] for k in MODEL_STATES))} / {_mib(at_peak['saved for backward'])} "
-            f"/ {_mib(at_peak['batch'])} / {_mib(at_peak['other'])} |"
+            f"| {mib(estimate['model_states'])} / {mib(estimate['activations'])} / {mib(estimate['batch'])} "
+            f"/ {mib(estimate['autocast_weight_copies'])} "
+            f"| {mib(sum(at_peak[k] for k in MODEL_STATES))} / {mib(at_peak['saved for backward'])} "
+            f"/ {mib(at_peak['batch'])} / {mib(at_peak['other'])} |"
         )
     refused = result.get("refused", [])
     if refused:
@@ -141,7 +132,7 @@ def figure(result: dict[str, Any]) -> Figure:
     for index, case in enumerate(cases):
         ratio = case["ratio_estimate_over_measured"]
         axes.text(index - 0.21, 100 * ratio + 1.5, f"{ratio:.2f}", ha="center", va="bottom", fontsize=7)
-        axes.text(index + 0.21, 101.5, f"{_mib(case['measured_peak_bytes'])}", ha="center", va="bottom",
+        axes.text(index + 0.21, 101.5, f"{mib(case['measured_peak_bytes'])}", ha="center", va="bottom",
                   fontsize=6, rotation=90, color="#555555")  # fmt: skip
     axes.axhline(100, color="gray", ls="--", lw=0.8)
     axes.set_ylim(0, 150)

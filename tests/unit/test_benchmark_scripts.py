@@ -40,3 +40,16 @@ def test_the_ladder_draws_intervals_from_its_trials_and_the_std_from_an_older_re
     assert mean == 101.0 and half == pytest.approx(12.706)  # t(1) x 1 (the standard error)
     ladder.plot(result, tmp_path / "ladder.png")
     assert (tmp_path / "ladder.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    ("script", "stem"),
+    [
+        ("workload_plan_report", "2026-11-24-cpu-plan-vs-measured-workloads"),
+        ("plan_vs_measured", "2026-11-22-cpu-plan-vs-measured"),
+    ],
+)
+def test_the_plan_reports_rewrite_their_committed_markdown_from_their_json(script, stem):
+    results = BENCHMARKS / "results"
+    record = json.loads((results / f"{stem}.json").read_text())
+    assert load(script).markdown(record) == (results / f"{stem}.md").read_text()
