@@ -22,13 +22,15 @@ own host is never stale, whatever its heartbeat: a stopped (Ctrl-Z) process woul
 Taking over a stale lock is itself serialised by a second short-lived ``O_EXCL`` file, ``<lock>.takeover``:
 without it, two contenders that both saw the same stale lock could each delete it and the second one would
 delete the first one's fresh lock, leaving both "holding" the directory.
+
+What the file records about its holder, and the checks of a pid on this host, are
+:mod:`dlscale.runtime.lock_holder`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import random
@@ -44,6 +46,13 @@ from pathlib import Path
 from types import TracebackType
 
 from dlscale.errors import RunDirectoryLocked, StorageError
+from dlscale.runtime.lock_holder import (
+    LockHolder,
+    job_id_from_environment,
+    parse_holder,
+    pid_exists,
+    process_start_time,
+)
 from dlscale.runtime.storage import storage_error
 from dlscale.runtime.strict_json import to_json
 
@@ -51,7 +60,6 @@ log = logging.getLogger("dlscale.train")
 
 LOCK_NAME = ".dlscale-run.lock"
 _TAKEOVER_SUFFIX = ".takeover"
-_JOB_ID_VARIABLES = ("SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID")
 _HEARTBEAT_THREAD_PREFIX = "dlscale-run-lock-heartbeat"
 # A takeover holds its mutex for a few file operations; one this old belongs to a contender that crashed.
 _TAKEOVER_ABANDONED_S = 60.0
@@ -59,44 +67,6 @@ _TAKEOVER_BACKOFF_S = 0.02
 _MAX_COMMAND_CHARS = 200
 _UNPARSABLE_HOST = "unknown (lock file being written)"
 _UNREADABLE_HOST = "unknown (unreadable lock file)"
-
-
-def job_id_from_environment(environ: Mapping[str, str]) -> str | None:
-    """The batch job id of this process (Slurm, LSF or PBS), or None outside a batch job."""
-    for name in _JOB_ID_VARIABLES:
-        value = environ.get(name, "").strip()
-        if value:
-            return value
-    return None
-
-
-@dataclass(frozen=True)
-class LockHolder:
-    """Who holds a run directory's lock, as read from its lock file."""
-
-    host: str
-    pid: int | None
-    job_id: str | None
-    started: str | None
-    token: str | None
-    process_start: int | None
-    heartbeat_age_s: float | None
-
-    def describe(self) -> str:
-        """One phrase for messages, e.g. ``pid 1234 on host nid001 (job 5678), started ..., last heartbeat 12 s ago``."""
-        if self.pid is None:
-            parts = [self.host]
-        else:
-            job = f"job {self.job_id}" if self.job_id else "no job id"
-            parts = [f"pid {self.pid} on host {self.host} ({job})"]
-        if self.started:
-            parts.append(f"started {self.started.replace('T', ' ')}")
-        if self.heartbeat_age_s is not None:
-            # A few ms of clock skew between nodes must not read as a heartbeat from the future.
-            age = f"{max(self.heartbeat_age_s, 0.0):.0f} s ago"
-            # Without a pid the file could not be read, so its mtime is a write, not a known heartbeat.
-            parts.append(f"last heartbeat {age}" if self.pid is not None else f"last written {age}")
-        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -283,7 +253,7 @@ class RunDirectoryLock:
             "started": now.isoformat(timespec="seconds"),
             "started_unix": now.timestamp(),
             "token": token,
-            "process_start": _process_start_time(os.getpid()),
+            "process_start": process_start_time(os.getpid()),
             "command": " ".join(sys.argv)[:_MAX_COMMAND_CHARS],
         }
         return to_json(record, indent=None).encode()
@@ -304,7 +274,7 @@ class RunDirectoryLock:
         except OSError as exc:
             raise self._storage_error(exc, self._path, action="read") from exc
         age_s = time.time() - mtime
-        holder = _parse_holder(raw, age_s)
+        holder = parse_holder(raw, age_s)
         if holder is not None:
             return _LockFile(raw, holder, parsed=True, age_s=age_s)
         host = _UNPARSABLE_HOST if age_s <= self._unparsable_grace_s else _UNREADABLE_HOST
@@ -323,9 +293,9 @@ class RunDirectoryLock:
             return None
         holder = lock.holder
         if holder.host == self._host and holder.pid is not None:
-            if not _pid_exists(holder.pid):
+            if not pid_exists(holder.pid):
                 return f"process {holder.pid} on this host no longer exists"
-            start = _process_start_time(holder.pid)
+            start = process_start_time(holder.pid)
             if holder.process_start is not None and start is not None:
                 if start != holder.process_start:
                     return f"process {holder.pid} on this host is a later process that reused the pid"
@@ -452,57 +422,3 @@ class RunDirectoryLock:
         code = exc.errno if exc.errno is not None else errno.EIO
         what = "run directory" if path == self._run_dir else "run directory's lock file"
         return storage_error(path, code, f"cannot {action} the {what}")
-
-
-def _parse_holder(raw: bytes, age_s: float) -> LockHolder | None:
-    """The holder recorded in a lock file, or None if the file is empty, half written or not ours."""
-    try:
-        record = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(record, dict):
-        return None
-    host, pid, token = record.get("host"), record.get("pid"), record.get("token")
-    if not isinstance(host, str) or not isinstance(token, str) or type(pid) is not int or pid <= 0:
-        return None
-    job_id = record.get("job_id")
-    started = record.get("started")
-    process_start = record.get("process_start")
-    return LockHolder(
-        host=host,
-        pid=pid,
-        job_id=str(job_id) if job_id is not None else None,
-        started=started if isinstance(started, str) else None,
-        token=token,
-        process_start=process_start if type(process_start) is int else None,
-        heartbeat_age_s=age_s,
-    )
-
-
-def _pid_exists(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (also when it belongs to another user)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return True  # cannot tell: assume alive, a wrong "dead" would let two runs share the directory
-    return True
-
-
-def _process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), which tells a reused pid from the original."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: count fields after its last ")".
-    fields_after_name = stat[stat.rfind(")") + 2 :].split()
-    try:
-        return int(fields_after_name[22 - 3])
-    except (IndexError, ValueError):
-        return None
