@@ -181,10 +181,14 @@ def decide_from_trials(tests: Mapping[str, TrialSeries]) -> Verdict:
     measurement.
     """
     verdict = decide_bottleneck(*mean_throughputs(tests))
-    trials = {name: t.trial_throughput for name, t in tests.items() if t.trial_throughput}
-    disturbed = _impossible_ordering(trials)
-    if verdict.kind in ("IO-bound", "compute-bound", "overhead") and "IO" in trials and "SYNTHETIC" in trials:
-        single = [name for name, values in trials.items() if len(values) < 2]
+    measured = {name: t for name, t in tests.items() if t.trial_throughput}
+    disturbed = _impossible_ordering(measured)
+    if (
+        verdict.kind in ("IO-bound", "compute-bound", "overhead")
+        and "IO" in measured
+        and "SYNTHETIC" in measured
+    ):
+        single = [name for name, t in measured.items() if len(t.trial_throughput) < 2]
         if single:
             return Verdict(
                 "needs more trials",
@@ -192,61 +196,60 @@ def decide_from_trials(tests: Mapping[str, TrialSeries]) -> Verdict:
                 "which gives no interval to tell a bottleneck from noise: set --ntrials 2 or more"
                 + disturbed,
             )
-        compared, interval, limit = _deciding_ratio(verdict.kind, trials)
+        compared, interval, limit = _deciding_ratio(verdict.kind, measured)
         if verdict.kind == "overhead" and not interval.high < limit:
             # FULL's trials cannot tell whether reading and computing overlap; IO against SYNTHETIC may still
             # name the limit (a disturbed FULL trial must not hide a clear compute-bound step)
-            io, synthetic = _mean(trials["IO"]), _mean(trials["SYNTHETIC"])
+            io, synthetic = measured["IO"].mean, measured["SYNTHETIC"].mean
             uncertain = (
-                f"; FULL {_rate(_mean(trials['FULL']))} scatters too much to tell whether reading and "
+                f"; FULL {_rate(measured['FULL'].mean)} scatters too much to tell whether reading and "
                 f"computing overlap ({compared} = {interval.describe()})"
             )
             bound = _bound_verdict(io, synthetic, uncertain)
             if bound.kind != "balanced":
                 verdict = bound
-                compared, interval, limit = _deciding_ratio(verdict.kind, trials)
+                compared, interval, limit = _deciding_ratio(verdict.kind, measured)
         if not interval.high < limit:
-            spread = "; ".join(
-                f"{name} {mean_interval(values).describe()}" for name, values in trials.items()
-            )
             return Verdict(
                 "within noise",
                 f"the means say {verdict.kind}, but {compared} = {interval.describe()} is not below {limit:.2f} "
-                f"beyond the noise ({spread}): run more trials (--ntrials) of more batches (--nbatches), with no "
+                f"beyond the noise ({_intervals(measured)}): run more trials (--ntrials) of more batches (--nbatches), with no "
                 "other work on the node" + disturbed,
             )
     return replace(verdict, reason=verdict.reason + disturbed) if disturbed else verdict
 
 
-def _deciding_ratio(kind: str, trials: Mapping[str, Sequence[float]]) -> tuple[str, RatioInterval, float]:
+def _deciding_ratio(kind: str, tests: Mapping[str, TrialSeries]) -> tuple[str, RatioInterval, float]:
     """The ratio that names verdict ``kind`` ("IO / SYNTHETIC", ...), its interval, and the bound it must stay
     under."""
-    io, synthetic = trials["IO"], trials["SYNTHETIC"]
+    io, synthetic = tests["IO"].trial_throughput, tests["SYNTHETIC"].trial_throughput
     if kind == "IO-bound":
         return "IO / SYNTHETIC", ratio_interval(io, synthetic), 1 - BOUND_MARGIN
     if kind == "compute-bound":
         return "SYNTHETIC / IO", ratio_interval(synthetic, io), 1 - BOUND_MARGIN
-    slower = "IO" if sum(io) / len(io) <= sum(synthetic) / len(synthetic) else "SYNTHETIC"
-    full = trials.get("FULL")
+    slower = "IO" if tests["IO"].mean <= tests["SYNTHETIC"].mean else "SYNTHETIC"
+    full = tests.get("FULL")
     if full is None:  # overhead is only named with FULL measured; never stands without it
         return f"FULL / {slower}", RatioInterval(math.nan, math.nan, math.inf), 1 - OVERHEAD_MARGIN
-    return f"FULL / {slower}", ratio_interval(full, trials[slower]), 1 - OVERHEAD_MARGIN
-
-
-def _impossible_ordering(trials: Mapping[str, Sequence[float]]) -> str:
-    """A note when FULL beat SYNTHETIC beyond the noise ("" otherwise): FULL does all SYNTHETIC does, and more."""
-    full, synthetic = trials.get("FULL"), trials.get("SYNTHETIC")
-    if not full or not synthetic or not ratio_interval(full, synthetic).low > 1:
-        return ""
     return (
-        f". Note: FULL ({_rate(_mean(full))}) is faster than SYNTHETIC ({_rate(_mean(synthetic))}) beyond the "
-        "noise, which the same training step cannot be: the trials were disturbed (other processes on the "
-        "node, too few batches per trial, clocks ramping up); re-run them alone with more --nbatches"
+        f"FULL / {slower}",
+        ratio_interval(full.trial_throughput, tests[slower].trial_throughput),
+        1 - OVERHEAD_MARGIN,
     )
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
+def _impossible_ordering(tests: Mapping[str, TrialSeries]) -> str:
+    """A note when FULL beat SYNTHETIC beyond the noise ("" otherwise): FULL does all SYNTHETIC does, and more."""
+    full, synthetic = tests.get("FULL"), tests.get("SYNTHETIC")
+    if full is None or synthetic is None:
+        return ""
+    if not ratio_interval(full.trial_throughput, synthetic.trial_throughput).low > 1:
+        return ""
+    return (
+        f". Note: FULL ({_rate(full.mean)}) is faster than SYNTHETIC ({_rate(synthetic.mean)}) beyond the "
+        "noise, which the same training step cannot be: the trials were disturbed (other processes on the "
+        "node, too few batches per trial, clocks ramping up); re-run them alone with more --nbatches"
+    )
 
 
 def _interval_ends(series: TrialSeries) -> list[float]:
@@ -256,12 +259,16 @@ def _interval_ends(series: TrialSeries) -> list[float]:
 
 def interval_line(tests: Mapping[str, TrialSeries]) -> str:
     """``BENCHY::INTERVAL::`` with each test's mean and 95% interval (benchy's own lines keep its std)."""
-    parts = [
+    return "BENCHY::INTERVAL::" + _intervals(tests)
+
+
+def _intervals(tests: Mapping[str, TrialSeries]) -> str:
+    """'IO 12.0 +- 5.0 samples/s (95% CI, 3 trials); FULL ...' for the tests that ran."""
+    return "; ".join(
         f"{name} {mean_interval(t.trial_throughput).describe()}"
         for name, t in tests.items()
         if t.trial_throughput
-    ]
-    return "BENCHY::INTERVAL::" + "; ".join(parts)
+    )
 
 
 @dataclass

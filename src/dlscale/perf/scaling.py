@@ -183,7 +183,7 @@ class Series:
 
     def describe(self) -> str:
         """'1101.5 +- 383.7 (95% CI, 3 trials)' or '927.6 (1 trial: no interval)'."""
-        return mean_interval(self.trials).describe(unit="").replace("  ", " ")
+        return mean_interval(self.trials).describe(unit="")
 
 
 @dataclass

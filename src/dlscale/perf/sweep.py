@@ -148,7 +148,7 @@ def run_sweep(specs: Sequence[SweepSpec], measure: Callable[[Point], BenchResult
 
 def _mean_interval(results: BenchResults, name: str) -> str:
     test = results.tests.get(name)
-    return "-" if test is None else mean_interval(test.trial_throughput).describe(unit="").replace("  ", " ")
+    return "-" if test is None else mean_interval(test.trial_throughput).describe(unit="")
 
 
 def sweep_table(rows: Sequence[SweepRow]) -> list[str]:

@@ -74,10 +74,12 @@ class MeanInterval:
         return (self.high - self.low) / 2
 
     def describe(self, unit: str = "samples/s") -> str:
-        """'123.4 +- 2.1 samples/s (95% CI, 3 trials)'."""
+        """'123.4 +- 2.1 samples/s (95% CI, 3 trials)'; without a unit (a table's column names it),
+        '123.4 +- 2.1 (95% CI, 3 trials)'."""
+        unit = f" {unit}" if unit else ""
         if not math.isfinite(self.half_width):
-            return f"{self.mean:.1f} {unit} (1 trial: no interval)"
-        return f"{self.mean:.1f} +- {self.half_width:.1f} {unit} (95% CI, {self.trials} trials)"
+            return f"{self.mean:.1f}{unit} (1 trial: no interval)"
+        return f"{self.mean:.1f} +- {self.half_width:.1f}{unit} (95% CI, {self.trials} trials)"
 
 
 def mean_interval(values: Sequence[float]) -> MeanInterval:
