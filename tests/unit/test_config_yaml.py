@@ -144,6 +144,55 @@ def test_yaml_merge_of_several_anchors_is_deep_and_the_first_anchor_wins(tmp_pat
     assert resolve(tmp_path, text, "child")["optim"] == {"lr": 1.0, "warmup": 1, "eps": 0.1, "end_lr": 0.5}
 
 
+# The merge rule is dlscale's own (YAML 1.1's merge key, deepened), the same with every PyYAML: 6.0.4 changed
+# its own answer for a merge list. The floors job (make test-oldest) runs these cases with the oldest PyYAML.
+MERGE_RULE_CASES = [
+    # an earlier mapping of the list wins a scalar, whether it comes first in the file or not
+    ("a: &a {o: 1}\nb: &b {o: {lr: 2}}\nc: {<<: [*a, *b]}\n", {"o": 1}),
+    ("a: &a {o: 1}\nb: &b {o: {lr: 2}}\nc: {<<: [*b, *a]}\n", {"o": {"lr": 2}}),
+    # three mappings: each key from the first that has it; mappings merge deeply
+    (
+        "a: &a {o: {lr: 1}}\nb: &b {o: {lr: 2, w: 2}}\nd: &d {o: {lr: 3, w: 3, e: 3}, x: 4}\n"
+        "c: {<<: [*a, *b, *d]}\n",
+        {"o": {"lr": 1, "w": 2, "e": 3}, "x": 4},
+    ),
+    # the mapping's own keys win over every merged one, written before or after the << key
+    ("a: &a {o: {lr: 1, w: 1}, x: 1}\nc: {x: 2, <<: *a, o: {lr: 9}}\n", {"o": {"lr": 9, "w": 1}, "x": 2}),
+    # a merged anchor that merges another: its own keys win inside it too
+    (
+        "a: &a {o: {lr: 1}}\nb: &b {<<: *a, o: {w: 2}}\nc: {<<: [*b], o: {e: 3}}\n",
+        {"o": {"lr": 1, "w": 2, "e": 3}},
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), MERGE_RULE_CASES)
+def test_merge_keys_follow_dlscales_rule_whatever_the_pyyaml(tmp_path, text, expected):
+    assert resolve(tmp_path, text, "c") == expected
+
+
+def test_merge_keys_leave_the_merged_anchors_as_written(tmp_path):
+    text = "a: &a {o: {lr: 1}}\nb: &b {o: {w: 2}}\nc: {<<: [*a, *b]}\n"
+    document = read_config_file(write(tmp_path, text))
+    assert document["a"] == {"o": {"lr": 1}} and document["b"] == {"o": {"w": 2}}
+    assert document["c"] == {"o": {"lr": 1, "w": 2}}
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ("a: &a {x: 1}\nb: &b {y: 1}\nc: {<<: *a, <<: *b}\n", ["more than one << merge key", "line 3"]),
+        ("a: &a 3\nc: {<<: *a}\n", ["expected a mapping or a list of mappings", "found scalar", "line 2"]),
+        ("a: &a {x: 1}\nc: {<<: [*a, 3]}\n", ["expected a mapping or a list of mappings", "found scalar"]),
+        ("a: &a {x: 1, <<: *a}\n", ["merges itself", "line 1"]),
+    ],
+    ids=["two-merge-keys", "scalar", "scalar-in-list", "merges-itself"],
+)
+def test_merge_keys_that_cannot_mean_one_thing_are_refused(tmp_path, text, fragments):
+    path = write(tmp_path, text)
+    assert_names(error_of(read_config_file, path), str(path), "not valid YAML", *fragments)
+
+
 @pytest.mark.parametrize(
     ("text", "chain"),
     [

@@ -51,11 +51,66 @@ _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class ConfigLoader(yaml.SafeLoader):
-    """A SafeLoader that reads ``5E-4`` as a float and merges ``<<`` keys deeply."""
+    """A SafeLoader that reads ``5E-4`` as a float and merges ``<<`` keys deeply.
+
+    The merge rule is dlscale's own, not the installed PyYAML's: PyYAML 6.0.4 changed which mapping of
+    ``<<: [*a, *b]`` wins (and so the learning rate a config file trains with). Here, as in the YAML 1.1
+    merge-key spec, the earlier mapping of a merge list wins over later ones, keys written in the mapping
+    itself win over every merged one, and mappings found under the same key merge deeply.
+    """
 
     def flatten_mapping(self, node: yaml.MappingNode) -> None:
-        super().flatten_mapping(node)
-        node.value = _deep_merge_node_pairs(node.value, {})
+        node.value = _deep_merge_node_pairs(_merge_key_pairs(node, set()), {})
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _merge_key_pairs(node: yaml.MappingNode, flattening: set[int]) -> list[tuple[yaml.Node, yaml.Node]]:
+    """The pairs of ``node`` with its ``<<`` keys replaced by the pairs they merge, lowest priority first.
+
+    The result is read "later wins" (by :func:`_deep_merge_node_pairs`): the merged mappings come first, the
+    last of a merge list first of all, then the mapping's own keys. Each merged mapping is flattened first
+    (in place, as PyYAML does, so an anchor is flattened once however often it is merged).
+    """
+    if id(node) in flattening:
+        raise yaml.constructor.ConstructorError(
+            "while merging a mapping", node.start_mark, "the mapping merges itself (<<: *name inside &name)"
+        )
+    merge_values = [value for key, value in node.value if key.tag == MERGE_TAG]
+    if len(merge_values) > 1:
+        raise yaml.constructor.ConstructorError(
+            "while constructing a mapping",
+            node.start_mark,
+            "found more than one << merge key; write one list instead (<<: [*a, *b], the first one wins)",
+            merge_values[1].start_mark,
+        )
+    merged: list[tuple[yaml.Node, yaml.Node]] = []
+    if merge_values:
+        value = merge_values[0]
+        sources = value.value if isinstance(value, yaml.SequenceNode) else [value]
+        flattening.add(id(node))
+        for source in reversed(sources):  # the first mapping of the list wins: it comes last
+            if not isinstance(source, yaml.MappingNode):
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"expected a mapping or a list of mappings for merging (<<), but found {source.id}",
+                    source.start_mark,
+                )
+            source.value = _deep_merge_node_pairs(_merge_key_pairs(source, flattening), {})
+            merged.extend(source.value)
+        flattening.discard(id(node))
+    own: list[tuple[yaml.Node, yaml.Node]] = []
+    for key, value in node.value:
+        if key.tag == MERGE_TAG:
+            continue
+        if (
+            key.tag == "tag:yaml.org,2002:value"
+        ):  # the YAML 1.1 "=" key, read as a plain string as PyYAML does
+            key.tag = "tag:yaml.org,2002:str"
+        own.append((key, value))
+    return merged + own
 
 
 MergedNodes = dict[tuple[int, int], yaml.MappingNode]
