@@ -2,31 +2,44 @@
 #   make demo   set up .venv, generate the synthetic ERA5 data set if missing, train the demo ViT
 #   make test   set up .venv with the test extras and the example workload package (examples/heat2d), check
 #               style (ruff) and run the whole suite
+# and the dependency checks (CONTRIBUTING, "Dependencies"):
+#   make test LOCKED=1   the same in .venv-locked, with exactly the versions the suite last passed with
+#                        (constraints/tested.txt); also `make demo LOCKED=1`
+#   make test-oldest     the suite in .venv-oldest, every dependency at the floor pyproject.toml states
+#   make lock            rewrite constraints/tested.txt from .venv (after `make test` passed)
 PYTHON ?= python3
+ifeq ($(LOCKED),1)
+VENV ?= .venv-locked
+CONSTRAINTS ?= constraints/tested.txt
+TEST_ENV ?= DLSCALE_DEPENDENCY_SET=locked:constraints/tested.txt
+endif
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The CPU wheel of torch that the development and CI machines carry. On a GPU machine pass the build you
 # want (e.g. `make demo TORCH_SPEC=torch`), or install torch into .venv first: an installed torch is kept.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.dlscale-installed
+# pip's -c option for a constraints file (none: the newest releases pyproject.toml allows)
+CONSTRAINT_OPTION := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 DEMO_DATA ?= data/era5_demo
 DEMO_CONFIG ?= demo
 LINT_PATHS := $(wildcard src tests benchmarks scripts examples)
 
-.PHONY: demo test lint install clean-venv
+.PHONY: demo test lint install clean-venv test-oldest lock
 
 install: $(STAMP)
 
 # The example package is installed as a user installs their own workload (its entry point is what the e2e
 # tests find it by); it comes after dlscale, which it depends on.
-$(STAMP): pyproject.toml examples/heat2d/pyproject.toml
+$(STAMP): pyproject.toml examples/heat2d/pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
-		echo "== keeping the torch already in $(VENV)"; $(BIN)/python -m pip install -q -e '.[dev]'; \
+		echo "== keeping the torch already in $(VENV)"; $(BIN)/python -m pip install -q $(CONSTRAINT_OPTION) -e '.[dev]'; \
 	else \
-		echo "== installing dlscale with $(TORCH_SPEC) into $(VENV)"; $(BIN)/python -m pip install -q "$(TORCH_SPEC)" -e '.[dev]'; \
+		echo "== installing dlscale with $(TORCH_SPEC) into $(VENV) $(CONSTRAINT_OPTION)"; \
+		$(BIN)/python -m pip install -q $(CONSTRAINT_OPTION) "$(TORCH_SPEC)" -e '.[dev]'; \
 	fi
-	$(BIN)/python -m pip install -q -e examples/heat2d
+	$(BIN)/python -m pip install -q $(CONSTRAINT_OPTION) -e examples/heat2d
 	@touch $(STAMP)
 
 # A finished demo whose config has not changed since is reported without starting Python (a second, not the
@@ -42,12 +55,33 @@ demo: $(STAMP)
 		$(BIN)/dlscale train --yaml_config configs/vit_era5.yaml --config $(DEMO_CONFIG); \
 	fi
 
+# TEST_ENV tells tests/unit/test_dependencies.py which versions this venv must hold (floors or the lock).
 test: lint
-	$(BIN)/python -m pytest -q
+	$(TEST_ENV) $(BIN)/python -m pytest -q
+
+# The floors: a constraints file generated from pyproject.toml's lower bounds (torch among them: PyPI's build of
+# the floor release, which runs on a CPU too), a venv of its own, the whole suite. The dependency test checks
+# that the versions installed are the floors (DLSCALE_DEPENDENCY_SET).
+FLOORS := build/floors.txt
+test-oldest:
+	@mkdir -p build
+	$(PYTHON) scripts/dependency_floors.py > $(FLOORS).new
+	@cmp -s $(FLOORS).new $(FLOORS) && rm $(FLOORS).new || mv $(FLOORS).new $(FLOORS)
+	$(MAKE) test VENV=.venv-oldest CONSTRAINTS=$(FLOORS) TORCH_SPEC=torch TEST_ENV=DLSCALE_DEPENDENCY_SET=floors:$(FLOORS)
+
+# The versions the suite last passed with, for `make test LOCKED=1` (run after `make test` passed). torch and
+# the CUDA packages it brings are left out: a cluster brings its own build (TORCH_SPEC); the torch tested is
+# named in the header.
+lock: $(STAMP)
+	@{ echo "# The versions the suite last passed with (make lock; see CONTRIBUTING, \"Dependencies\")."; \
+	   echo "# Tested with $$($(BIN)/python -c 'import sys, torch; print("Python", sys.version.split()[0], "and torch", torch.__version__)')."; \
+	   $(BIN)/python -m pip freeze --exclude-editable --all | grep -v -i -E '^(torch|triton|nvidia-|cuda-|pip|setuptools|wheel)[=_-]'; \
+	} > constraints/tested.txt.new && mv constraints/tested.txt.new constraints/tested.txt
+	@echo "wrote constraints/tested.txt ($$(grep -c '==' constraints/tested.txt) pinned packages)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf .venv .venv-locked .venv-oldest

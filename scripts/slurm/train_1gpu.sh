@@ -53,16 +53,33 @@ fi
 
 # srun makes a one-task step: dlscale sees SLURM_STEP_NUM_TASKS=1 and runs as a single process. Pass
 # --expdir/--run_num through the knobs above, not as extra flags: the requeue check below reads that path.
+SUMMARY="$RUN_DIR/summary.json"
+summary_stamp() { stat -c '%i %y' "$SUMMARY" 2>/dev/null || echo none; }
+before=$(summary_stamp)
 status=0
 srun "${PROFILE_PREFIX[@]}" dlscale train --yaml_config "$YAML_CONFIG" --config "$CONFIG" \
     --expdir "$EXPDIR" --run_num "$RUN_NUM" "${PROFILE_FLAGS[@]}" "$@" || status=$?
 
-# dlscale exits with status 0 after a stop signal (time limit, preemption) and writes "outcome": "stopped"
-# into summary.json: put the job back in the queue, where the same command continues from the checkpoint.
-# Only after a clean exit, so a failing run is not requeued forever on a stale summary; and not when
-# profiling, where a resumed run would be past the capture window.
-if [[ "$status" == 0 && "$PROFILE" != 1 ]] && grep -q '"outcome": "stopped"' "$RUN_DIR/summary.json" 2>/dev/null; then
-    echo "dlscale stopped before the end of the run; requeueing job $SLURM_JOB_ID"
-    scontrol requeue "$SLURM_JOB_ID"
+# Decide from the "outcome" in summary.json, not from the exit status: srun passes dlscale's own status
+# through (0 finished or stopped, 2 bad input, 3 diverged, 74 a write failed, 75 the run directory is in use),
+# but a launcher in between (torchrun) turns every failure, and even a clean stop after a signal, into 1. The
+# summary counts only if this launch wrote it (dlscale replaces it atomically, so its inode changes): a launch
+# that failed or was refused leaves the previous attempt's "stopped", which must not requeue the job again.
+outcome=none
+if [[ "$(summary_stamp)" != "$before" ]]; then
+    outcome=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["outcome"])' "$SUMMARY" 2>/dev/null) ||
+        outcome=unreadable
 fi
-exit "$status"
+case "$outcome" in
+    stopped)  # a stop signal (time limit, preemption): the same command continues from the checkpoint
+        if [[ "$PROFILE" == 1 ]]; then
+            echo "dlscale stopped; not requeued when profiling (a resumed run would be past the capture window)"
+        else
+            echo "dlscale stopped before the end of the run; requeueing job $SLURM_JOB_ID"
+            scontrol requeue "$SLURM_JOB_ID"
+        fi
+        exit 0 ;;
+    finished) exit 0 ;;
+    diverged) echo "dlscale: the training diverged (see $SUMMARY); not requeued" >&2; exit 3 ;;
+    *) exit "$status" ;;  # no summary from this launch: it failed or was refused (dlscale says why above)
+esac

@@ -19,6 +19,10 @@ from test_data_parallel import StopAtStep, assert_close_weights, checkpoint, tin
 from dlscale.run.training import train
 
 TOLERANCE = 1e-5
+# Weights after 5 Adam steps: Adam divides each update by the root of its second moment, so a rounding
+# difference of the gradients well inside TOLERANCE can move a weight near zero (a bias) by a few 1e-5 of its
+# size (2.4e-5 for blocks.0.attn.v.bias with torch 2.11's CPU kernels, under 1e-5 with torch 2.13's).
+WEIGHT_TOLERANCE = 1e-4
 
 # world size, tp, cp, order, image (H, W), patch: tokens = (H / patch) x (W / patch)
 LAYOUTS = {
@@ -57,7 +61,7 @@ def check_against_serial(results: list[dict], what: str) -> None:
         for name, (weight, serial_weight) in result["weights"].items():
             if not is_key_bias(name):
                 error = relative_error(weight, serial_weight)
-                assert error < TOLERANCE, f"{what}: {name} after 5 steps on rank {rank} ({error:.2e})"
+                assert error < WEIGHT_TOLERANCE, f"{what}: {name} after 5 steps on rank {rank} ({error:.2e})"
 
 
 def check_replicas(results: list[dict], what: str) -> None:

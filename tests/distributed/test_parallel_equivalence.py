@@ -71,7 +71,10 @@ def test_a_wrong_gradient_on_one_rank_is_named():
     assert not report.ok
     name, kind, worst = report.worst_parameter()
     assert (name, kind) == ("blocks.1.mlp.fc1.weight", "gradient")
-    assert worst.rel == pytest.approx(0.01, rel=0.05)  # rank 1's half of the gathered gradient is 1% off
+    # Rank 1's half of the gathered gradient is 1% off: the error relative to the largest value of the whole
+    # gradient is 1% where that value lies in rank 1's half, less where it lies in rank 0's (0.0085 with torch
+    # 2.11's initial weights), and always far above the comparison's tolerance.
+    assert 10 * report.rtol < worst.rel <= 0.01 * 1.001
     # The forward is right: only the gradients show it (the 1% error in an update is too small to see).
     assert report.output.within(report.rtol, report.atol) and report.loss.within(report.rtol, report.atol)
     message = report.describe()  # what assert_matches_serial raises

@@ -12,13 +12,12 @@ from pathlib import Path
 import h5py
 import pytest
 import torch
+from nan_data import NAN_TIME, copy_with_nan
 
 from dlscale.checkpoint.files import load_checkpoint
 from dlscale.errors import DataError, TrainingDiverged
 from dlscale.run.training import train
 from dlscale.training.observer import Observer
-
-NAN_TIME = 3  # the time index made NaN in the first training file: samples 2 (its target) and 3 (its input)
 
 
 def run_dir(cfg) -> Path:
@@ -42,12 +41,7 @@ def strict_json(path: Path) -> dict:
 @pytest.fixture(scope="module")
 def nan_era5(tmp_path_factory, tiny_era5: Path) -> Path:
     """The tiny data set with NaN at one time step of the first training file."""
-    root = tmp_path_factory.mktemp("nan_data") / "era5"
-    shutil.copytree(tiny_era5, root)
-    first = sorted((root / "train").glob("*.h5"))[0]
-    with h5py.File(first, "r+") as f:
-        f["fields"][NAN_TIME, 0, 0, 0] = float("nan")
-    return root
+    return copy_with_nan(tiny_era5, tmp_path_factory.mktemp("nan_data") / "era5")
 
 
 @pytest.fixture(scope="module")
@@ -196,13 +190,115 @@ def test_rollback_recovers_from_a_transient_blow_up_with_a_lower_lr(tiny_config)
     assert [e.step for e in events.Scalars("Loss/valid")] == [11, 22]
 
 
-def test_rollback_starts_from_a_checkpoint_and_gives_up_after_its_limit(tiny_config, nan_era5):
-    cfg = tiny_config(f"data.root={nan_era5}", "train.on_nonfinite=rollback", "train.max_rollbacks=2")
-    with pytest.raises(TrainingDiverged, match=r"after 2 rollbacks \(train.max_rollbacks 2\)"):
-        train(cfg)
+class PoisonWeightsAtEachAttempt(Observer):
+    """Make the weights NaN once per attempt, one step later after each rollback (a blow-up that a lower LR
+    does not cure, at another batch each time)."""
+
+    def __init__(self, first_step: int):
+        self.step, self.poisoned = first_step, False
+
+    def on_step_start(self, trainer) -> None:
+        if not self.poisoned and trainer.progress.global_step == self.step:
+            self.poisoned = True
+            with torch.no_grad():
+                next(trainer.setup.model.parameters()).fill_(float("nan"))
+
+    def on_rollback(self, trainer, divergence) -> None:
+        self.step, self.poisoned = self.step + 1, False
+
+
+def test_rollback_starts_from_a_checkpoint_and_gives_up_after_its_limit(tiny_config):
+    cfg = tiny_config("train.on_nonfinite=rollback", "train.max_rollbacks=2")
+    with pytest.raises(TrainingDiverged, match=r"after 2 rollbacks \(train.max_rollbacks 2\)") as raised:
+        train(cfg, extra_observers=[PoisonWeightsAtEachAttempt(3)])
     state = load_checkpoint(run_dir(cfg) / "checkpoints" / "ckpt_latest.pt")
     assert state["progress"]["global_step"] == 0  # the initial weights, saved so that a rollback has a target
     assert all(torch.isfinite(t).all() for t in state["model"].values())
+    # The advice starts from the LR that diverged last (scaled twice by 0.5), never above it.
+    message = str(raised.value)
+    tried = cfg.optim.lr * 0.25
+    assert f"--set optim.lr={tried / 4:.3g}, which diverged even scaled by 0.25 to {tried:.3g}" in message
+    assert message.index("lower learning rate") < message.index("data.check_finite")
+
+
+def test_rollback_does_not_retry_a_batch_that_diverged_twice_and_points_at_the_data(tiny_config, nan_era5):
+    cfg = tiny_config(f"data.root={nan_era5}", "train.on_nonfinite=rollback", "train.max_rollbacks=3")
+    with pytest.raises(TrainingDiverged) as raised:
+        train(cfg)
+    first_bad = steps_with_samples(cfg, {NAN_TIME - 1, NAN_TIME}, 2)[0]
+    message = str(raised.value)
+    assert f"the same batch (step {first_bad}) diverged again after a rollback" in message
+    assert message.index("Check the data first: --set data.check_finite=true") < message.index(
+        "learning rate"
+    )
+    summary = strict_json(run_dir(cfg) / "summary.json")
+    assert summary["rollbacks"] == 1  # the second failure of that batch spends no second rollback
+    assert summary["divergence"]["suspect_data"] is True
+
+
+class LossesSeen(Observer):
+    def __init__(self):
+        self.losses: list[float] = []
+
+    def on_step_end(self, trainer, loss) -> None:
+        self.losses.append(float(loss))
+
+
+def test_a_finite_explosion_stops_the_run_before_any_save(tiny_config):
+    # lr 1e6: the second step's loss is finite but about 1e12 (NaN comes steps later); the save due after it
+    # must not happen, in the default policy.
+    cfg = tiny_config("optim.lr=1e6", "checkpoint.save_every_steps=2")
+    seen = LossesSeen()
+    with pytest.raises(TrainingDiverged, match=r"at step 1: the loss \S+ is more than 100x the median"):
+        train(cfg, extra_observers=[seen])
+    assert math.isfinite(seen.losses[1]) and seen.losses[1] > 100 * seen.losses[0]
+    assert not list((run_dir(cfg) / "checkpoints").glob("*.pt"))
+
+
+def test_the_spike_check_can_be_switched_off(tiny_config):
+    cfg = tiny_config("optim.lr=1e6", "checkpoint.save_every_steps=2", "train.loss_spike_factor=0")
+    with pytest.raises(TrainingDiverged) as raised:
+        train(cfg)
+    assert "more than 100x" not in str(raised.value)
+    assert raised.value.exit_code == 3
+
+
+def test_skip_never_saves_the_exploded_weights_over_the_good_checkpoint(tiny_config):
+    # The issue's case: a good run resumed with a huge LR under skip. Its first step is finite but throws the
+    # weights out; every later step spikes or is NaN and is skipped (10 by the end of epoch 2, within the limit);
+    # epoch 2's save must not go ahead, and epoch 3's first step goes over the limit.
+    good = tiny_config("train.num_epochs=1")
+    train(good)
+    checkpoints = run_dir(good) / "checkpoints"
+    before = digests(checkpoints)
+    more = tiny_config("train.num_epochs=3", "optim.lr=1e5", "train.on_nonfinite=skip")
+    with pytest.raises(TrainingDiverged) as raised:
+        train(more)
+    assert digests(checkpoints) == before
+    assert str(checkpoints / "ckpt_latest.pt") in str(raised.value)
+    log = (run_dir(good) / "out.log").read_text()
+    assert "update skipped (10 of at most 10" in log and "update skipped (11 of at most 10" in log
+    assert "Checkpoint at step 22 not written: 0 of the 1 normal steps" in log  # epoch 2's save, held back
+
+
+def test_skip_saves_again_once_the_run_is_healthy(tiny_config, nan_era5):
+    # NaN data skips one or two steps; the run goes on healthy and its later checkpoints are written.
+    cfg = tiny_config(
+        f"data.root={nan_era5}",
+        "train.on_nonfinite=skip",
+        "checkpoint.save_every_steps=1",
+        "train.healthy_steps_before_save=3",
+    )
+    assert train(cfg) == 0
+    skipped = steps_with_samples(cfg, {NAN_TIME - 1, NAN_TIME}, 2)
+    log = (run_dir(cfg) / "out.log").read_text()
+    held = [int(m) for m in re.findall(r"Checkpoint at step (\d+) not written", log)]
+    saved = [int(m) for m in re.findall(r"Saved checkpoint \S+ at step (\d+)", log)]
+    for step in held:  # held back only within 3 healthy steps after a skipped one
+        assert any(0 < step - s <= 3 for s in skipped), (step, skipped)
+    assert held and max(saved) == 22
+    state = load_checkpoint(run_dir(cfg) / "checkpoints" / "ckpt_latest.pt")
+    assert state["progress"]["global_step"] == 22
 
 
 def test_a_nan_validation_loss_is_never_the_best(tiny_config, nan_valid_era5):

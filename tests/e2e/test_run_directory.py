@@ -10,16 +10,20 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from killed_runs import kill_during_saves_then_resume
+from tensorboard.summary.writer.record_writer import RecordWriter
 from test_training_run import StopAtStep
 
 import dlscale.runtime.atomic_files as atomic_files
-from dlscale.checkpoint.files import load_checkpoint
+from dlscale.checkpoint.files import load_checkpoint, save_checkpoint
+from dlscale.cli import main
 from dlscale.errors import CheckpointError, RunDirectoryLocked, StorageError
-from dlscale.run.training import train
+from dlscale.run.training import train, train_and_summarize
 from dlscale.runtime.run_lock import LOCK_NAME, RunDirectoryLock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,6 +214,39 @@ def test_a_real_full_disk_fails_plainly_and_keeps_the_first_checkpoint(tiny_conf
         assert not [p for p in (run_dir(cfg) / "checkpoints").iterdir() if ".tmp-" in p.name]
 
 
+def test_a_full_disk_under_tensorboards_writer_thread_is_one_line_naming_the_event_file(
+    tiny_era5, tmp_path, monkeypatch, capsys
+):
+    run = tmp_path / "tiny" / "00"
+    latest = run / "checkpoints" / "ckpt_latest.pt"
+    real_write = RecordWriter.write
+
+    def write_until_the_disk_is_full(self, data) -> None:
+        # TensorBoard's own thread writes the events; the disk fills once the first checkpoint is saved.
+        if latest.exists() and threading.current_thread() is not threading.main_thread():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as write() raises it: no file named
+        real_write(self, data)
+
+    monkeypatch.setattr(RecordWriter, "write", write_until_the_disk_is_full)
+    thread_failures = []
+    monkeypatch.setattr(threading, "excepthook", thread_failures.append)  # what Python would print
+    status = main(
+        ["train", "--yaml_config", str(REPO / "configs" / "vit_era5.yaml"), "--config", "tiny",
+         "--set", f"data.root={tiny_era5}", "--expdir", str(tmp_path), "--progress", "none",
+         "--num_epochs", "3", "--set", "checkpoint.keep_best=false"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 74, err
+    assert thread_failures == []  # no "Exception in thread Thread-1: Traceback ..."
+    assert "Traceback" not in err and "Exception in thread" not in err
+    (line,) = err.splitlines()
+    assert line.startswith(f"dlscale: error: {run / 'tensorboard'}/events.out.tfevents."), line
+    assert ": cannot write TensorBoard events: No space left on device (ENOSPC); the disk is full" in line
+    # The checkpoint saved before the disk filled is intact.
+    assert load_checkpoint(latest)["progress"]["global_step"] > 0
+    assert not [p for p in latest.parent.iterdir() if ".tmp-" in p.name]
+
+
 def test_too_little_space_for_one_checkpoint_fails_at_start(tiny_config, tmp_path):
     with mounted_tmpfs(tmp_path / "tiny", "size=400k") as small:
         cfg = tiny_config("log.tensorboard=false", expdir=small)
@@ -301,3 +338,89 @@ def test_weights_only_starts_a_new_run_from_changed_heads(tiny_config, tmp_path)
     # A weights-only start must not replace a run's own checkpoint (a requeue would lose its progress).
     with pytest.raises(CheckpointError, match="already holds this run's own checkpoint"):
         train(tuned)
+
+
+# ------------------------------------------------------------------------- a relaunch, and what --resume refuses
+
+
+def test_a_relaunch_after_a_kill_before_the_report_writes_it_from_the_final_checkpoint(tiny_config):
+    cfg = tiny_config()
+    assert train(cfg) == 0
+    directory = run_dir(cfg)
+    reference = json.loads((directory / "summary.json").read_text())
+    figures = sorted(p.name for p in (directory / "figures").glob("*.png"))
+    assert reference["outcome"] == "finished" and figures
+    # What a SIGKILL after the last checkpoint leaves (checked with the CLI): the checkpoints, the metrics CSVs
+    # and the log, but no summary.json and an empty figures/.
+    (directory / "summary.json").unlink()
+    for figure in (directory / "figures").iterdir():
+        figure.unlink()
+
+    again = train_and_summarize(tiny_config())
+    assert again.status == 0
+    written = json.loads((directory / "summary.json").read_text())
+    assert written == reference  # the final validation's metrics, the history, the figures' paths: all of it
+    assert again.summary == written
+    assert sorted(p.name for p in (directory / "figures").glob("*.png")) == figures
+    log = (directory / "out.log").read_text()
+    assert "the end-of-run report was missing (no summary.json): written from the final checkpoint" in log
+
+    train(tiny_config())  # now complete: nothing to write again
+    assert (directory / "out.log").read_text().count("the end-of-run report was missing") == 1
+
+
+def test_resume_names_what_it_was_given_instead_of_a_checkpoint_of_this_run(tiny_config, tiny_era5, tmp_path):
+    def refused(source: Path) -> str:
+        cfg = tiny_config("train.num_epochs=1", **{"checkpoint.resume": str(source)})
+        with pytest.raises(CheckpointError) as raised:
+            train(cfg)
+        assert raised.value.exit_code == 2 and "\n" not in str(raised.value)
+        return str(raised.value)
+
+    data_file = next((tiny_era5 / "train").glob("*.h5"))
+    message = refused(data_file)
+    assert (
+        f"{data_file} is not a dlscale checkpoint (an HDF5 file" in message and "--resume expects" in message
+    )
+    assert "damaged" not in message
+
+    own = tiny_config("train.num_epochs=1")
+    train(own)  # this run's own checkpoints, which the messages below must not offer
+    source = load_checkpoint(run_dir(own) / "checkpoints" / "ckpt_latest.pt")
+    mnist = tmp_path / "mnist_run" / "checkpoints" / "ckpt_latest.pt"
+    save_checkpoint(
+        {**source, "meta": {**source["meta"], "workload": "cnn_mnist", "config_name": "small"}}, mnist
+    )
+    message = refused(mnist)
+    assert f"{mnist} is a checkpoint of workload 'cnn_mnist' (config 'small')" in message
+    assert "this run trains workload 'era5_vit' (config 'tiny'), so it cannot be resumed" in message
+    assert "share" not in message
+
+    foreign = tmp_path / "other_run" / "checkpoints"
+    foreign.mkdir(parents=True)
+    save_checkpoint(source, foreign / "ckpt_best.pt")
+    (foreign / "ckpt_latest.pt").write_bytes(
+        (run_dir(own) / "checkpoints" / "ckpt_latest.pt").read_bytes()[:1000]
+    )
+    message = refused(foreign.parent)
+    assert "truncated or corrupt" in message and f"--resume {foreign / 'ckpt_best.pt'}" in message
+    assert str(run_dir(own)) not in message
+
+
+@pytest.mark.slow
+def test_a_kill_9_after_the_last_checkpoint_leaves_what_the_relaunch_completes(tiny_era5, tmp_path):
+    # The real kill behind the simulated one above: the 2 epochs' saves are done, the report (a second of
+    # figures) is not.
+    args = [
+        "train", "--yaml_config", str(REPO / "configs" / "vit_era5.yaml"), "--config", "tiny",
+        "--set", f"data.root={tiny_era5}", "--expdir", str(tmp_path), "--progress", "none",
+    ]  # fmt: skip
+    run = tmp_path / "tiny" / "00"
+    relaunched = kill_during_saves_then_resume(args, run, saves=2)
+    assert relaunched.returncode == 0, relaunched.stderr
+    assert "the end-of-run report was missing (no summary.json): written from the final checkpoint" in (
+        relaunched.stdout
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "finished" and summary["global_step"] == 22 and summary["final"]["metrics"]
+    assert all(Path(figure).is_file() for figure in summary["figures"]) and len(summary["figures"]) >= 2

@@ -250,6 +250,24 @@ def test_custom_object_is_refused_by_the_safe_loader(tmp_path):
     assert "will not unpickle arbitrary code" in message
 
 
+def test_a_pickle_the_safe_loader_cannot_read_never_suggests_loading_it_unsafely(tmp_path):
+    import zipfile
+
+    good, path = tmp_path / "good.pt", tmp_path / "odd.pt"
+    torch.save({"format": CHECKPOINT_FORMAT, "version": 1}, good)
+    with zipfile.ZipFile(good) as source, zipfile.ZipFile(path, "w") as target:
+        for info in source.infolist():
+            data = source.read(info.filename)
+            # An INST opcode (os.system): torch's safe unpickler refuses it as an unsupported operand.
+            target.writestr(info, b"\x80\x02(ios\nsystem\n." if info.filename.endswith("data.pkl") else data)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: is corrupt (its pickled data cannot be read: Unsupported operand")
+    assert "weights_only=True" in message and "weights_only` set to `False" not in message
+    assert "False" not in message and "trusted source" not in message
+
+
 def test_not_a_dlscale_checkpoint(tmp_path):
     bare = tmp_path / "bare.pt"
     torch.save(TinyNet().state_dict(), bare)

@@ -523,6 +523,49 @@ def test_stats_with_wrong_shape(data_root, array, found):
     assert "expected (1, 4, 1, 1)" in str(info.value) and "global_means.npy" in str(info.value)
 
 
+def test_stats_that_are_a_symbolic_link_loop_say_so(data_root):
+    path = data_root / "stats" / "global_means.npy"
+    path.unlink()
+    path.symlink_to(path.name)  # a link to itself
+    with pytest.raises(DataError) as info:
+        ERA5Dataset(make_cfg(data_root), "train")
+    message = str(info.value)
+    assert message.startswith(f"{path}: is a symbolic link loop (ELOOP)")
+    assert "not found" not in message and "expected the stats file global_means_path" in message
+
+
+@pytest.mark.parametrize(
+    ("content", "found"),
+    [
+        (b"mean values 1 2 3 4\n", "it starts with text 'mean values 1 2 3 4'"),
+        (pickle.dumps([0.0, 1.0, 2.0, 3.0]), "it is a Python pickle"),
+        (b"", "it is empty"),
+    ],
+    ids=["text", "pickle", "empty"],
+)
+def test_stats_that_are_no_npy_file_say_what_they_are_and_never_suggest_unpickling(data_root, content, found):
+    path = data_root / "stats" / "global_stds.npy"
+    path.write_bytes(content)
+    with pytest.raises(DataError) as info:
+        ERA5Dataset(make_cfg(data_root), "train")
+    message = str(info.value)
+    assert message.startswith(
+        f"{path}: is not a NumPy .npy file ({found}); expected global_stds_path, a .npy "
+    )
+    assert "shape (1, 4, 1, 1)" in message
+    assert "allow_pickle" not in message and "pickled" not in message
+
+
+def test_stats_of_python_objects_are_refused_without_unpickling(data_root):
+    path = data_root / "stats" / "global_means.npy"
+    np.save(path, np.array([[[[0.0]], [[1.0]], [[2.0]], [[3.0]]]], dtype=object), allow_pickle=True)
+    with pytest.raises(DataError) as info:
+        ERA5Dataset(make_cfg(data_root), "train")
+    message = str(info.value)
+    assert message.startswith(f"{path}: holds Python objects") and "shape (1, 4, 1, 1)" in message
+    assert "allow_pickle" not in message
+
+
 @pytest.mark.parametrize(
     ("means", "stds", "message"),
     [

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import math
+import os
 
 import numpy as np
 import pytest
 import torch
 
-from dlscale.errors import ConfigError, InvalidValue
+from dlscale.errors import ConfigError, InvalidValue, StorageError
 from dlscale.report import loggers as loggers_module
 from dlscale.report.figures import loss_curve_figure, smoothed, spans_decades
 from dlscale.report.log_config import LogConfig
@@ -92,6 +94,34 @@ def test_rewinding_takes_back_the_rows_after_the_step(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- log.loggers key
+
+
+class FullDiskFile:
+    """A file whose writes fail as a full disk's do: OSError(ENOSPC) naming no file."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_a_full_disk_under_the_csv_file_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "metrics" / "steps.csv"
+    logger = CsvLogger(path)
+    logger.log_scalars(1, {"train_loss": 0.5}, 100.0)
+    logger._file = FullDiskFile(logger._file)
+    with pytest.raises(StorageError) as raised:
+        logger.log_scalars(2, {"train_loss": 0.4}, 101.0)
+    message = str(raised.value)
+    assert (
+        message.startswith(f"{path}: cannot write: No space left on device (ENOSPC)") and "\n" not in message
+    )
+    logger.close()  # the failure was reported once; closing does not raise it again
+    assert rows(path) == ["step,wall_time,train_loss", "1,100.0,0.5"]  # the rows written before are kept
 
 
 def test_the_loggers_key_accepts_the_backends_and_refuses_anything_else():

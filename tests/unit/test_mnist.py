@@ -230,3 +230,31 @@ def test_the_shipped_config_is_the_workshops_recipe(monkeypatch):
     assert load_run_config(CONFIG_FILE, "base").data.root == "/scratch/mnist"
     with pytest.raises(ConfigError, match="std: must be > 0"):
         load_run_config(CONFIG_FILE, "base", ["data.std=0"])
+
+
+def workshop_forward(model: MnistCNN, images):
+    """The workshop's order: ReLU before the max-pool."""
+    import torch.nn.functional as F
+
+    x = F.relu(model.conv1(images))
+    x = F.max_pool2d(F.relu(model.conv2(x)), 2)
+    x = F.relu(model.fc1(torch.flatten(model.dropout1(x), 1)))
+    return F.log_softmax(model.fc2(model.dropout2(x)), dim=1)
+
+
+def test_the_cnn_computes_the_workshops_function_and_gradients_in_its_own_order():
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = MnistCNN(CNNConfig(dropout1=0, dropout2=0))
+    images, labels = torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))
+    grads = []
+    for forward in (model, lambda x: workshop_forward(model, x)):
+        model.zero_grad()
+        out = forward(images)
+        F.nll_loss(out, labels).backward()
+        grads.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
+    (ours, our_grads), (theirs, their_grads) = grads
+    assert torch.equal(ours, theirs)  # relu and max commute exactly
+    for mine, workshop in zip(our_grads, their_grads, strict=True):
+        torch.testing.assert_close(mine, workshop, rtol=1e-6, atol=1e-7)

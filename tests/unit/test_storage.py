@@ -56,9 +56,13 @@ def test_an_enospc_hidden_in_torch_saves_chained_exception_is_found(tmp_path: Pa
     assert as_storage_error(OSError(errno.ENOENT, "missing")) is None  # not a write failure: stays as it is
 
 
-def test_a_write_error_is_named_by_the_target_file_not_the_temporary_one(tmp_path: Path):
+@pytest.mark.parametrize(
+    "names_the_file", [True, False], ids=["open-names-the-temporary-file", "write-names-none"]
+)
+def test_a_write_error_is_named_by_the_target_file_not_the_temporary_one(tmp_path: Path, names_the_file):
     def fail(stream) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", stream.name)
+        # A failed open names the file it opened; a failed write() (a full disk) names none.
+        raise OSError(errno.ENOSPC, "No space left on device", *([stream.name] if names_the_file else []))
 
     with pytest.raises(OSError) as raised:
         write_bytes_atomically(tmp_path / "summary.json", fail)

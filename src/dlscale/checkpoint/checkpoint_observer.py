@@ -1,7 +1,10 @@
 """When a run writes checkpoints: every N epochs (and N steps), at the end, and when it is asked to stop.
 
 Never from a diverged state: before each save the trainer's non-finite record is read, and the gathered
-weights and optimizer state are checked for NaN and inf, so the last good checkpoint is never replaced.
+weights and optimizer state are checked for NaN and inf, so the last good checkpoint is never replaced. Under
+``train.on_nonfinite: skip``, a save also waits after a skipped update until the run has trained normally for
+``train.healthy_steps_before_save`` steps (finite but exploded weights look healthy to a NaN check); that holds
+for the last save of a run too (its latest checkpoint then stays an earlier, sound one, and the log says so).
 """
 
 from __future__ import annotations
@@ -42,6 +45,17 @@ class CheckpointObserver(Observer):
     def save(self, trainer, is_best: bool = False, why: str = "") -> None:
         if not trainer.guard.check():
             return  # diverged since the last check: the trainer stops or rolls back; the last good one stays
+        if trainer.guard.in_trouble():
+            if self.write:
+                log.warning(
+                    "Checkpoint at step %d not written: %d of the %d normal steps that must follow a skipped "
+                    "update have trained (train.healthy_steps_before_save), so %s stays the one from before",
+                    trainer.progress.global_step,
+                    trainer.guard.healthy_steps_since_skip,
+                    trainer.setup.policy.healthy_steps_before_save,
+                    self.checkpoints.latest_path,
+                )
+            return
         payload = training_payload(trainer)
         nonfinite = first_nonfinite({"model": payload["model"], "optimizer": payload["optimizer"]})
         if trainer.guard.reject_state(nonfinite):

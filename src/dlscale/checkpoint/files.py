@@ -26,6 +26,8 @@ from dlscale.runtime.storage import as_storage_error
 __all__ = [
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_VERSION",
+    "NotADlscaleCheckpoint",
+    "foreign_file_kind",
     "load_checkpoint",
     "load_model_state",
     "save_checkpoint",
@@ -38,6 +40,23 @@ CHECKPOINT_VERSION = 1
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 _LIST_LIMIT = 8
 _ZIP_MAGIC = b"PK\x03\x04"
+# The suffixes torch.save files go by: a file of unknown bytes named so is taken for a damaged checkpoint, one
+# named otherwise for a file that never was one.
+_CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
+# How other files a user may hand to --resume by mistake begin (the first that matches names the file).
+_FOREIGN_MAGIC = (
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 file: a data file, not a checkpoint"),
+    (b"\x93NUMPY", "a NumPy .npy array"),
+    (b"\x1f\x8b", "a gzip-compressed file"),
+    (
+        b"version https://git-lfs",
+        "a Git LFS pointer: the checkpoint itself was never downloaded (git lfs pull)",
+    ),
+    (
+        b"\x80",
+        "a pickle file (torch.save's legacy format or another program's), which dlscale never unpickles",
+    ),
+)
 
 # What torch's weights_only unpickler accepts besides tensors (see torch/_weights_only_unpickler.py). Exact
 # types, not isinstance: numpy.float64 is a float and an IntEnum an int, yet both pickle as their own class,
@@ -50,6 +69,10 @@ _PLAIN_SCALARS = (str, bytes, bytearray, int, float, complex, bool, type(None)) 
 
 
 # --------------------------------------------------------------------------------------------- save / load
+
+
+class NotADlscaleCheckpoint(CheckpointError):
+    """A file that is intact but holds something else than a dlscale checkpoint (not a damaged checkpoint)."""
 
 
 def save_checkpoint(payload: Mapping[str, Any], path: str | Path) -> Path:
@@ -117,14 +140,15 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
                 "arbitrary code"
             ) from exc
         raise CheckpointError(
-            f"{path}: is corrupt (its pickled data cannot be read: {_first_line(exc)})"
+            f"{path}: is corrupt (its pickled data cannot be read: {_unpickling_reason(exc)}); dlscale loads "
+            "checkpoints with torch.load(weights_only=True) and will not unpickle arbitrary code"
         ) from exc
     except Exception as exc:
         # E.g. a damaged record inside an intact archive, or a map_location this machine cannot honour.
         raise CheckpointError(f"{path}: cannot be loaded ({_first_line(exc)})") from exc
 
     if not isinstance(document, dict):
-        raise CheckpointError(
+        raise NotADlscaleCheckpoint(
             f"{path}: is not a dlscale checkpoint (it holds a {type(document).__name__}, expected a dict with "
             f"format '{CHECKPOINT_FORMAT}')"
         )
@@ -134,7 +158,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
         hint = ""
         if document and all(isinstance(v, torch.Tensor) for v in document.values()):
             hint = "; it looks like a bare model state_dict"
-        raise CheckpointError(
+        raise NotADlscaleCheckpoint(
             f"{path}: is not a dlscale checkpoint (it {found}, expected '{CHECKPOINT_FORMAT}'){hint}"
         )
     version = document.get("version")
@@ -146,6 +170,54 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
             f"version {CHECKPOINT_VERSION}); upgrade dlscale to load it"
         )
     return document
+
+
+def foreign_file_kind(path: Path) -> str | None:
+    """What ``path`` looks like when it plainly is no checkpoint that torch.save wrote (e.g. "an HDF5 file: ...",
+    "a text file ...", "a NumPy .npz archive"); None when it may be one, damaged or not (loading it says which).
+
+    Reads the file's first bytes only (and a zip archive's directory of names), never unpickles anything.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return None  # loading it names the problem
+    if head.startswith(_ZIP_MAGIC):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+            return None  # a truncated archive: a damaged checkpoint, as far as anyone can tell
+        if any(name == "data.pkl" or name.endswith("/data.pkl") for name in names):
+            return None  # torch.save's layout
+        if names and all(name.endswith(".npy") for name in names):
+            return "a NumPy .npz archive"
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        return f"a zip archive that torch.save did not write (it holds {shown or 'nothing'})"
+    for magic, kind in _FOREIGN_MAGIC:
+        if head.startswith(magic):
+            return kind
+    text = _as_text(head)
+    if text and text.strip():
+        first = text.strip().splitlines()[0][:60]
+        return f"a text file, beginning {first!r}"
+    if path.suffix.lower() in _CHECKPOINT_SUFFIXES:
+        return None  # unknown bytes under a checkpoint's name: damaged, and loading it says so
+    if not head:
+        return "an empty file"
+    return f"a file of unknown format (not a torch.save zip archive; its suffix is {path.suffix or 'none'!r})"
+
+
+def _as_text(head: bytes) -> str | None:
+    """``head`` as text when it is printable UTF-8 (its last character may be cut off), else None."""
+    for cut in range(4):  # a multi-byte character cut at the end of the bytes read
+        try:
+            text = head[: len(head) - cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return text if all(c.isprintable() or c in "\t\r\n\f" for c in text) else None
+    return None
 
 
 def write_checkpoint_atomically(path: Path, fill: Callable[[Path], None]) -> None:
@@ -206,6 +278,18 @@ def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     return f"{type(exc).__name__}: {first}"[:300]
+
+
+def _unpickling_reason(exc: BaseException) -> str:
+    """What torch's safe unpickler could not read (e.g. "Unsupported operand 105"), without the advice around
+    it: its message suggests loading again with weights_only=False, which would run code from the file."""
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        reason = next((line.strip() for line in text.split(marker, 1)[1].splitlines() if line.strip()), "")
+        if reason:
+            return reason[:200]
+    return _first_line(exc) if "weights_only" not in text else type(exc).__name__
 
 
 # -------------------------------------------------------------------------------------------- model state

@@ -12,7 +12,7 @@ import torch
 
 from dlscale.checkpoint.checkpoint_config import CheckpointConfig
 from dlscale.checkpoint.directory import CheckpointDir
-from dlscale.checkpoint.files import load_checkpoint
+from dlscale.checkpoint.files import NotADlscaleCheckpoint, foreign_file_kind, load_checkpoint
 from dlscale.errors import CheckpointError
 from dlscale.training.training_setup import RunRecord
 
@@ -83,9 +83,25 @@ def resume_source(cfg: CheckpointConfig, checkpoints: CheckpointDir) -> Path | N
     return path
 
 
+# What --resume takes, for the messages that refuse what it was given.
+RESUME_EXPECTS = (
+    "--resume expects a checkpoint file that dlscale wrote (ckpt_latest.pt, ckpt_best.pt, ckpt_step*.pt), a "
+    "run directory or its checkpoints directory, 'auto' or 'never'"
+)
+
+
 def checkpoint_file(path: Path) -> Path:
-    """``path`` itself when it is a file, else the latest checkpoint of the run or checkpoints directory it names."""
+    """``path`` itself when it is a file, else the latest checkpoint of the run or checkpoints directory it names.
+
+    A file that is plainly no checkpoint (an HDF5 data file, a text file...) is refused here, before anything is
+    built, with what it looks like; a damaged checkpoint is left to :func:`load_for_resume`.
+    """
     if path.is_file():
+        kind = foreign_file_kind(path)
+        if kind is not None:
+            raise CheckpointError(
+                f"checkpoint.resume: {path} is not a dlscale checkpoint ({kind}); {RESUME_EXPECTS}"
+            )
         return path
     if path.is_dir():
         for candidate in (path / CheckpointDir.LATEST_NAME, path / "checkpoints" / CheckpointDir.LATEST_NAME):
@@ -93,27 +109,58 @@ def checkpoint_file(path: Path) -> Path:
                 return candidate
         raise CheckpointError(
             f"checkpoint.resume: {path} is a directory without {CheckpointDir.LATEST_NAME} (nor "
-            f"checkpoints/{CheckpointDir.LATEST_NAME}); give a checkpoint file, a run directory or its "
-            "checkpoints directory"
+            f"checkpoints/{CheckpointDir.LATEST_NAME}){_what_directory_holds(path)}; {RESUME_EXPECTS}"
         )
-    raise CheckpointError(
-        f"checkpoint.resume: {path} does not exist (give a checkpoint file, a run or checkpoints directory, "
-        "'auto' or 'never')"
+    raise CheckpointError(f"checkpoint.resume: {path} does not exist; {RESUME_EXPECTS}")
+
+
+def _what_directory_holds(path: Path) -> str:
+    """', but holds ckpt_best.pt: ...' for a directory of checkpoints without a latest one, else what the
+    directory looks like ('it is empty', 'it holds HDF5 files (a data directory?)')."""
+    others = (
+        CheckpointDir(path).other_checkpoints() or CheckpointDir(path / "checkpoints").other_checkpoints()
     )
+    if others:
+        return f", but holds {', '.join(p.name for p in others)}: continue from one with --resume {others[0]}"
+    try:
+        entries = list(path.iterdir())
+        nested = [f for d in entries if d.is_dir() for f in d.iterdir()]  # e.g. a data set's train/, valid/
+    except OSError:
+        return ""
+    if not entries:
+        return ": it is empty"
+    if any(f.suffix.lower() in _HDF5_SUFFIXES for f in entries + nested):
+        return ": it holds HDF5 files (a data directory?), no checkpoint"
+    names = sorted(e.name + ("/" if e.is_dir() else "") for e in entries)
+    return f": it holds {', '.join(names[:3])}{', ...' if len(names) > 3 else ''} and no checkpoint"
+
+
+_HDF5_SUFFIXES = (".h5", ".hdf5")
 
 
 def load_for_resume(path: Path, checkpoints: CheckpointDir) -> dict[str, Any]:
-    """Load ``path``; when it cannot be loaded, the error names the run's checkpoints that do load."""
+    """Load ``path``; when it cannot be loaded, the error names the checkpoints beside it that do load (this
+    run's, or those of the other run's directory that ``path`` is in)."""
     try:
         return load_checkpoint(path, map_location="cpu")  # load_state_dict moves tensors to the device
+    except NotADlscaleCheckpoint as exc:
+        raise CheckpointError(f"{exc}; {RESUME_EXPECTS}") from None  # intact, so nothing to move aside
     except CheckpointError as exc:
         raise CheckpointError(f"{exc}. {recovery_hint(checkpoints, path)}") from None
 
 
+def is_own_checkpoint(path: Path, checkpoints: CheckpointDir) -> bool:
+    """Whether ``path`` is in this run's checkpoint directory (not another run's, given to --resume)."""
+    return path.parent.resolve() == checkpoints.directory.resolve()
+
+
 def recovery_hint(checkpoints: CheckpointDir, broken: Path) -> str:
-    """Which of the run's other checkpoints load, and how to continue from one (or what to do if none does)."""
+    """Which other checkpoints beside ``broken`` load (this run's, or the other run's directory it is in), and
+    how to continue from one (or what to do if none does)."""
+    own = is_own_checkpoint(broken, checkpoints)
+    directory = checkpoints if own else CheckpointDir(broken.parent)
     loadable: list[tuple[Path, str]] = []
-    for candidate in checkpoints.other_checkpoints(include_latest=True):
+    for candidate in directory.other_checkpoints(include_latest=True):
         if candidate.resolve() == broken.resolve():
             continue
         try:
@@ -124,13 +171,38 @@ def recovery_hint(checkpoints: CheckpointDir, broken: Path) -> str:
         loadable.append((candidate, position))
     if loadable:
         listed = "; ".join(f"{path} ({position})" for path, position in loadable)
+        whose = "of this run" if own else f"in {directory.directory}"
         return (
-            f"Checkpoints of this run that load: {listed}. Continue from one with --resume {loadable[0][0]} "
+            f"Checkpoints {whose} that load: {listed}. Continue from one with --resume {loadable[0][0]} "
             f"(move the damaged file aside to keep it)"
         )
-    return (
-        f"No other checkpoint in {checkpoints.directory} loads: move the damaged file aside and train again, or "
-        "start a new run with another --run_num"
+    if own:
+        return (
+            f"No other checkpoint in {checkpoints.directory} loads: move the damaged file aside and train again, "
+            "or start a new run with another --run_num"
+        )
+    return f"No other checkpoint in {directory.directory} loads: give --resume another checkpoint"
+
+
+def check_workload(meta: dict[str, Any], record: RunRecord, path: Path, checkpoints: CheckpointDir) -> None:
+    """Refuse a checkpoint of another workload: the one given to --resume, or (in this run's own directory) one
+    that a config of the same name but another workload left there."""
+    saved = meta.get("workload")
+    if saved is None or saved == record.workload:
+        return
+    saved_config = meta.get("config_name", "?")
+    if is_own_checkpoint(path, checkpoints):
+        raise CheckpointError(
+            f"{path}: was written by a {saved!r} run (config {saved_config!r}), and this run trains "
+            f"{record.workload!r} (config {record.name!r}): two configs of the same name share the run "
+            f"directory {checkpoints.directory.parent}; use another --run_num or --expdir"
+        )
+    theirs = f"workload {saved!r} (config {saved_config!r})"
+    ours = f"workload {record.workload!r} (config {record.name!r})"
+    raise CheckpointError(
+        f"checkpoint.resume: {path} is a checkpoint of {theirs}, and this run trains {ours}, so it cannot be "
+        f"resumed here; resume it with a config of workload {saved!r}, or give --resume a checkpoint of a "
+        f"{record.workload!r} run"
     )
 
 

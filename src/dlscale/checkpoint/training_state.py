@@ -16,7 +16,12 @@ import torch
 
 from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.files import load_model_state
-from dlscale.checkpoint.resume import check_config_changes, load_for_resume, load_optimizer_state
+from dlscale.checkpoint.resume import (
+    check_config_changes,
+    check_workload,
+    load_for_resume,
+    load_optimizer_state,
+)
 from dlscale.checkpoint.sharded_state import (
     full_model_state,
     full_optimizer_state,
@@ -75,12 +80,7 @@ def restore_training(
         if entry not in payload:
             raise CheckpointError(f"{source}: has no {entry!r} entry; it cannot resume a training run")
     meta = payload.get("meta", {})
-    saved_workload = meta.get("workload")
-    if saved_workload is not None and saved_workload != setup.record.workload:
-        raise CheckpointError(
-            f"{source}: was written by a {saved_workload!r} run, and this run trains {setup.record.workload!r} "
-            "(two configs of the same name share a run directory); use another --run_num or --expdir"
-        )
+    check_workload(meta, setup.record, path, checkpoints)
     check_config_changes(payload.get("config", {}), setup.record, source, weights_only)
     # The checkpoint holds the serial model's state; each rank loads its own shards of it.
     load_model_state(setup.model, local_model_state(setup.model, payload["model"]), source)

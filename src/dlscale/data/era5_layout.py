@@ -15,7 +15,9 @@ import h5py
 import numpy as np
 
 from dlscale.data.era5_config import ERA5DataConfig
+from dlscale.data.npy_files import read_npy_array
 from dlscale.errors import DataError
+from dlscale.runtime.file_status import NOT_FOUND, why_not_a_file
 
 # FourCastNet's first 20 channels, the order the NERSC tutorial's files are believed to use.
 ERA5_CHANNELS: tuple[str, ...] = (
@@ -197,12 +199,14 @@ def load_stats(
     """
     path = cfg.path(key)
     n_in = cfg.n_in_channels
-    if not path.is_file():
-        raise DataError(f"{path}: stats file not found ({key}={getattr(cfg, key)!r} with root={cfg.root!r})")
-    try:
-        array = np.load(path, allow_pickle=False)
-    except Exception as exc:
-        raise DataError(f"{path}: not a readable .npy array ({key}): {exc}") from exc
+    where = f"{key}={getattr(cfg, key)!r} with root={cfg.root!r}"
+    expected = f"{key}, a .npy array of shape (1, {n_in}, 1, 1) (or (1, C, 1, 1) with C > {n_in})"
+    problem = why_not_a_file(path)
+    if problem == NOT_FOUND:
+        raise DataError(f"{path}: stats file not found ({where})")
+    if problem is not None:
+        raise DataError(f"{path}: {problem}; expected the stats file {expected} ({where})")
+    array = read_npy_array(path, expected)
     if (
         not isinstance(array, np.ndarray)
         or array.ndim != 4

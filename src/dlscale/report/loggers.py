@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from dlscale.errors import ConfigError
 from dlscale.runtime.atomic_files import write_text_atomically
+from dlscale.runtime.storage import as_storage_error
 
 STEPS_CSV = Path("metrics") / "steps.csv"  # relative to the run directory
 EPOCHS_CSV = Path("metrics") / "epochs.csv"
@@ -98,27 +99,51 @@ class CsvLogger:
         self.path = path
         self.columns: list[str] | None = None
         self._file: io.TextIOWrapper | None = None
-        self._open(start_step)
+        self._failed = False
+        with self._writes():
+            self._open(start_step)
 
     def log_scalars(self, step: int, values: Mapping[str, float], wall_time: float) -> None:
         row = {"step": step, **values, "wall_time": wall_time}
-        if self.columns is None:
-            self.columns = _column_order(row)
-            self._write(_line(self.columns) + _line([row.get(c) for c in self.columns]))
-            return
-        new = [name for name in _column_order(row) if name not in self.columns]
-        if new:
-            self._widen(new)
-        self._write(_line([row.get(c) for c in self.columns]))
+        with self._writes():
+            if self.columns is None:
+                self.columns = _column_order(row)
+                self._write(_line(self.columns) + _line([row.get(c) for c in self.columns]))
+                return
+            new = [name for name in _column_order(row) if name not in self.columns]
+            if new:
+                self._widen(new)
+            self._write(_line([row.get(c) for c in self.columns]))
 
     def rewind(self, step: int) -> None:
         self.close()
-        self._open(step)
+        with self._writes():
+            self._open(step)
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        file, self._file = self._file, None
+        if file is None:
+            return
+        if self._failed:
+            # The failure was reported where it happened; closing flushes the same bytes and would repeat it.
+            with contextlib.suppress(OSError):
+                file.close()
+            return
+        with self._writes():
+            file.close()
+
+    @contextlib.contextmanager
+    def _writes(self) -> Iterator[None]:
+        """A failed write (a full disk, a quota) as one StorageError line naming this file: the OSError of a
+        failed write() names no file."""
+        try:
+            yield
+        except OSError as exc:
+            storage = as_storage_error(exc, exc.filename or self.path)  # the directory, if creating it failed
+            if storage is None:
+                raise
+            self._failed = True
+            raise storage from exc
 
     def _open(self, start_step: int | None) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -15,7 +17,7 @@ from dlscale.report.loggers import EPOCHS_CSV, STEPS_CSV, read_csv_columns
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
 from dlscale.training.divergence import Divergence
-from dlscale.training.evaluate import ChannelSkill
+from dlscale.training.evaluate import ChannelSkill, EvalSummary
 from dlscale.training.observer import EpochReport, Observer
 from dlscale.version import __version__
 
@@ -28,6 +30,38 @@ def mean_throughput(history: list[dict[str, Any]]) -> float | None:
     if len(rates) > 1:
         rates = rates[1:]
     return statistics.fmean(rates) if rates else None
+
+
+class FinalValidation(NamedTuple):
+    """The last epoch's validation, when it is run again on a finished run's final weights (what RunSummary reads
+    of an epoch's report)."""
+
+    epoch: int
+    validation: EvalSummary
+
+
+def missing_report(run_dir: Path, global_step: int) -> str | None:
+    """Why the end-of-run report of a run that finished at ``global_step`` is missing or incomplete (a kill after
+    its last checkpoint, before the report was written), or None when ``summary.json`` and its figures are there."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return "no summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "summary.json cannot be read"
+    if not isinstance(summary, dict):
+        return "summary.json is not a summary"
+    if summary.get("outcome") != "finished" or summary.get("global_step") != global_step:
+        return f"summary.json is an earlier attempt's ({summary.get('outcome')} at step {summary.get('global_step')})"
+    figures = summary.get("figures")
+    # By name under figures/: the paths written may be relative to the directory the run was started in.
+    absent = [Path(f).name for f in figures or () if not (run_dir / "figures" / Path(f).name).is_file()]
+    if absent:
+        return f"figures/{absent[0]} is missing" + (
+            f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""
+        )
+    return None
 
 
 class RunSummary(Observer):
@@ -48,7 +82,7 @@ class RunSummary(Observer):
         self.explain_divergence = explain_divergence
         self.tensorboard_dir = tensorboard_dir
         self.checkpoint_dir = checkpoint_dir
-        self.last: EpochReport | None = None
+        self.last: EpochReport | FinalValidation | None = None
         self.written: dict[str, Any] | None = None  # the summary.json document, once training has ended
 
     def on_epoch_end(self, trainer, report: EpochReport) -> None:
@@ -62,11 +96,8 @@ class RunSummary(Observer):
         setup, p = trainer.setup, trainer.progress
         if trainer.guard.divergence is not None:
             outcome = "diverged"  # also when the save of a stopped run found its weights diverged
-        figures = self._write_figures(trainer)
-        summary = self.summary(trainer, outcome, figures)
+        summary, figures = self._write(trainer, outcome)
         path = self.run_dir / "summary.json"
-        write_text_atomically(path, to_json(summary))
-        self.written = summary
         final = summary["final"]
         if outcome == "diverged":
             log.error("%s", self.explain_divergence(trainer.guard.divergence))
@@ -108,6 +139,34 @@ class RunSummary(Observer):
         for figure in figures:
             log.info("  figure:      %s", figure)
         log.info("  summary:     %s", path)
+
+    def write_finished(self, trainer, validation: EvalSummary) -> dict[str, Any]:
+        """Write the report of a finished run from its final checkpoint (loaded into ``trainer``'s setup), as the
+        run would have at its end; ``validation``: its last epoch's validation, run again on the final weights.
+        The summary.json document."""
+        row = trainer.progress.history[-1]
+        recorded, again = row.get("val_loss"), validation.loss
+        if isinstance(recorded, float) and not _same_loss(recorded, again):
+            log.warning(
+                "The final validation, run again on the final checkpoint, gives loss %.6g, and the run's last "
+                "epoch had %.6g: the validation data (or the code) changed since; the summary's metrics are "
+                "those of the validation run now",
+                again,
+                recorded,
+            )
+        self.last = FinalValidation(row["epoch"], validation)
+        summary, _ = self._write(trainer, "finished")
+        if summary["final"]:
+            log.info("Final validation: %s", final_line(summary["final"]))
+        return summary
+
+    def _write(self, trainer, outcome: str) -> tuple[dict[str, Any], list[Path]]:
+        """The figures and summary.json (written last: its presence says the report is complete)."""
+        figures = self._write_figures(trainer)
+        summary = self.summary(trainer, outcome, figures)
+        write_text_atomically(self.run_dir / "summary.json", to_json(summary))
+        self.written = summary
+        return summary, figures
 
     def _write_figures(self, trainer) -> list[Path]:
         history = trainer.progress.history
@@ -171,6 +230,11 @@ class RunSummary(Observer):
             "history": p.history,
             "figures": [str(f) for f in figures],
         }
+
+
+def _same_loss(recorded: float, again: float) -> bool:
+    """Equal up to the last digits a reduction in another order may change (NaN equals NaN here)."""
+    return math.isclose(recorded, again, rel_tol=1e-5) or (math.isnan(recorded) and math.isnan(again))
 
 
 SKILLS_PER_LINE = 7

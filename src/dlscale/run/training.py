@@ -26,7 +26,7 @@ from dlscale.report.loggers import missing_logger_package
 from dlscale.report.metrics_observer import MetricsReporter
 from dlscale.report.progress_display import ProgressReporter
 from dlscale.report.run_dir import early_logging, run_directory, setup_rank_logging, write_to_log_files
-from dlscale.report.summary import RunSummary
+from dlscale.report.summary import RunSummary, missing_report
 from dlscale.run.assembly import BuiltRun, build_training, describe_run
 from dlscale.run.bench import run_benchmark
 from dlscale.run.process_group import distributed_run
@@ -45,6 +45,7 @@ from dlscale.runtime.storage import (
 )
 from dlscale.runtime.strict_json import to_json
 from dlscale.training.divergence import Divergence
+from dlscale.training.evaluate import evaluate
 from dlscale.training.observer import Observer
 from dlscale.training.trainer import Trainer
 from dlscale.version import __version__
@@ -181,14 +182,7 @@ def _train_on_this_rank(
     run = build_training(cfg, run_dir, process, device, training=not cfg.bench.enable_benchy)
     setup = run.setup
     if setup.progress.completed:
-        log.info(
-            "This run already finished (%d steps, checkpoint %s); nothing to train. Its results are in %s. "
-            "To train longer, raise --num_epochs (or --num_iters); to train again, use another --run_num.",
-            setup.progress.global_step,
-            run.resumed_from,
-            run_dir,
-        )
-        return _read_summary(run_dir / "summary.json") if process.is_main else None
+        return _finished_already(run, device)
     for line in describe_run(run):
         log.info("%s", line)
     if cfg.bench.enable_benchy:
@@ -223,6 +217,46 @@ def _train_on_this_rank(
     return next((o.written for o in own if isinstance(o, RunSummary)), None)
 
 
+def _finished_already(run: BuiltRun, device: Device) -> dict[str, Any] | None:
+    """A finished run launched again: nothing to train. Its end-of-run report, if a kill after the last checkpoint
+    lost it, is written from the final checkpoint (whose weights the run holds). Rank 0's summary document."""
+    setup, run_dir, is_main = run.setup, run.setup.run_dir, run.setup.process.is_main
+    progress = setup.progress
+    missing = share_text_from_main(missing_report(run_dir, progress.global_step) if is_main else None, device)
+    advice = "To train longer, raise --num_epochs (or --num_iters); to train again, use another --run_num."
+    if missing is None or not progress.history:
+        log.info(
+            "This run already finished (%d steps, checkpoint %s); nothing to train. Its results are in %s. %s",
+            progress.global_step,
+            run.resumed_from,
+            run_dir,
+            advice,
+        )
+        return _read_summary(run_dir / "summary.json") if is_main else None
+    # The last epoch's validation again, on every rank (its metrics are summed over them), for the numbers and
+    # figures that the summary takes from it and the checkpoint does not hold.
+    v = setup.validation
+    if v.sync_buffers is not None:
+        v.sync_buffers()
+    validation = evaluate(
+        setup.model, v.loader, v.evaluator, setup.device, v.predict, v.metric_sum, v.lockstep
+    )
+    if not is_main:
+        return None
+    written = run_summary(run).write_finished(Trainer(setup, []), validation)
+    log.info(
+        "This run already finished (%d steps, checkpoint %s), and the end-of-run report was missing (%s): "
+        "written from the final checkpoint (%s, figures in %s). %s",
+        progress.global_step,
+        run.resumed_from,
+        missing,
+        run_dir / "summary.json",
+        run_dir / "figures",
+        advice,
+    )
+    return written
+
+
 def _read_summary(path: Path) -> dict[str, Any] | None:
     """The ``summary.json`` an earlier run of this directory wrote, if it is there and readable."""
     try:
@@ -247,28 +281,37 @@ def build_observers(run: BuiltRun) -> list[Observer]:
         ProgressReporter(cfg.log.progress, cfg.log.progress_interval_s),
         MemoryReport(),
     ]
-    tensorboard_dir = run_dir / "tensorboard" if cfg.log.writes_tensorboard else None
     if cfg.checkpoint.enabled:
         observers.append(CheckpointObserver(cfg.checkpoint, run.checkpoints, save_at_start=rollback))
     # After the checkpoints (it writes its rows when a save has read the loss) and before RunSummary (which
     # plots its steps.csv).
     observers.append(MetricsReporter(cfg.log, run_dir))
-    checkpoint_dir = run.checkpoints.directory if cfg.checkpoint.enabled else None
-    observers.append(
-        RunSummary(
-            run_dir,
-            tensorboard_dir,
-            checkpoint_dir,
-            explain_divergence=lambda divergence: divergence_message(divergence, cfg, run.checkpoints),
-            loss_name=getattr(run.workload, "loss_name", None),
-        )
-    )
+    observers.append(run_summary(run))
     return observers
 
 
-def advice(on_nonfinite: str, max_grad_norm: float | None, lr: float, warmup: int) -> str:
-    """What to try after a divergence, in one sentence (``lr`` is the config's ``optim.lr``)."""
-    tips = [f"a lower learning rate (e.g. --set optim.lr={lr / 4:.3g})"]
+def run_summary(run: BuiltRun) -> RunSummary:
+    """The observer that writes the run's end-of-run report (summary.json, figures/)."""
+    cfg, run_dir = run.config, run.setup.run_dir
+    return RunSummary(
+        run_dir,
+        run_dir / "tensorboard" if cfg.log.writes_tensorboard else None,
+        run.checkpoints.directory if cfg.checkpoint.enabled else None,
+        explain_divergence=lambda divergence: divergence_message(divergence, cfg, run.checkpoints),
+        loss_name=getattr(run.workload, "loss_name", None),
+    )
+
+
+def advice(
+    divergence: Divergence, on_nonfinite: str, max_grad_norm: float | None, lr: float, warmup: int
+) -> str:
+    """What to try after ``divergence``, in one sentence, from what the run already tried (``lr`` is the
+    config's ``optim.lr``; rollbacks lowered it by ``divergence.lr_scale``, and that LR diverged too)."""
+    tried = lr * divergence.lr_scale
+    lowered = (
+        f", which diverged even scaled by {divergence.lr_scale:.3g} to {tried:.3g}" if tried != lr else ""
+    )
+    tips = [f"a lower learning rate (e.g. --set optim.lr={tried / 4:.3g}{lowered})"]
     if max_grad_norm is None:
         tips.append("gradient clipping (--set optim.max_grad_norm=1.0)")
     if warmup == 0:
@@ -276,10 +319,10 @@ def advice(on_nonfinite: str, max_grad_norm: float | None, lr: float, warmup: in
     if on_nonfinite != "rollback":
         tips.append("train.on_nonfinite: rollback (reload the last good checkpoint and lower the LR)")
     listed = f"{', '.join(tips[:-1])} or {tips[-1]}" if len(tips) > 1 else tips[0]
-    return (
-        f"Try {listed}; if the data may hold NaN or infinite values, --set data.check_finite=true names the "
-        "file and sample"
-    )
+    data = "--set data.check_finite=true names the file and sample that hold NaN or infinite values"
+    if divergence.suspect_data:
+        return f"Check the data first: {data}; if it is clean, try {listed}"
+    return f"Try {listed}; if the data may hold NaN or infinite values, {data}"
 
 
 def divergence_message(divergence: Divergence, cfg: RunConfig, checkpoints: CheckpointDir) -> str:
@@ -292,5 +335,5 @@ def divergence_message(divergence: Divergence, cfg: RunConfig, checkpoints: Chec
         kept += f"{checkpoints.best_path.name} beside it, once the cause is fixed)."
     else:
         kept = "No checkpoint had been saved yet."
-    tips = advice(cfg.train.on_nonfinite, cfg.optim.max_grad_norm, cfg.optim.lr, cfg.optim.warmup)
+    tips = advice(divergence, cfg.train.on_nonfinite, cfg.optim.max_grad_norm, cfg.optim.lr, cfg.optim.warmup)
     return f"training diverged {divergence.describe()}. {kept} {tips}."

@@ -30,8 +30,9 @@ def write_atomically(path: Path, fill: Callable[[Path], None]) -> None:
         # A preemption mid-write must not leave a multi-GB temporary file behind either.
         with contextlib.suppress(OSError):
             tmp.unlink()
-        if isinstance(exc, OSError) and exc.errno is not None and exc.filename == str(tmp):
-            # Name the file the user knows, not the temporary one that no longer exists.
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename in (None, str(tmp)):
+            # Name the file the user knows, not the temporary one that no longer exists; a failed write() (a
+            # full disk) names no file at all.
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     fsync_directory(path.parent)

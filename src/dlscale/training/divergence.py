@@ -10,12 +10,18 @@ Then ``train.on_nonfinite`` decides:
 ``stop`` (default)
     the run ends as "diverged" (exit status 3) with a message naming the step, the loss, the LR and what to try.
 ``skip``
-    a step whose loss or gradient norm is not finite leaves the weights and optimizer state as they were (as
-    fp16's GradScaler does for overflows), up to ``train.max_skipped_steps``; deciding before each update costs a
-    host sync every step.
+    a step whose loss or gradient norm is not finite (or whose loss spikes) leaves the weights and optimizer
+    state as they were (as fp16's GradScaler does for overflows), up to ``train.max_skipped_steps``; deciding
+    before each update costs a host sync every step. After a skipped step, checkpoints wait for
+    ``train.healthy_steps_before_save`` normal steps in a row: a run that goes on to diverge keeps the
+    checkpoint from before its trouble.
 ``rollback``
     the last good checkpoint (one is written at the start of a fresh run) is loaded again and the LR scaled by
-    ``train.rollback_lr_factor``, up to ``train.max_rollbacks`` times.
+    ``train.rollback_lr_factor``, up to ``train.max_rollbacks`` times. A batch that diverges again after a
+    rollback is not retried: the same data at a lower LR failing twice points at the data, not the LR.
+
+A finite explosion (a loss far above its recent median, :mod:`dlscale.training.loss_spike`) counts as
+divergence in every policy, as NaN does.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from dlscale.runtime.distributed import any_rank
+from dlscale.training.loss_spike import LossSpikeWatch
 from dlscale.training.nonfinite import NonFiniteWatch
 from dlscale.training.train_progress import TrainProgress
 
@@ -48,6 +55,8 @@ class Divergence:
     lr: float  # the LR of that step
     loss: float | None = None
     grad_norm: float | None = None
+    lr_scale: float = 1.0  # the schedule's scale when it diverged (lowered by each rollback)
+    suspect_data: bool = False  # the evidence points at the data (the same batch diverged twice; abrupt NaN)
 
     def describe(self) -> str:
         """e.g. 'at step 41: the loss is nan (gradient norm inf) at lr 0.5'."""
@@ -83,8 +92,17 @@ class DivergenceGuard:
         self.recovery = recovery
         self.policy = setup.policy
         self.watch = NonFiniteWatch(setup.device.torch, self.policy.nonfinite_check_every)
+        self.spikes = LossSpikeWatch(
+            setup.device.torch, self.policy.loss_spike_factor, self.policy.loss_spike_window
+        )
         self.divergence: Divergence | None = None
         self._checked_at_step: int | None = None
+        self._healthy_since_skip: int | None = None  # steps trained normally since the last skipped one
+        self._diverged_at: list[int] = []  # the steps this process has diverged at (rollback retries them)
+        if self.policy.on_nonfinite == "skip" and self.spikes.enabled:
+            setup.step.spike_check = (
+                self.spikes.is_spike
+            )  # the step leaves a spiking update out, as a NaN one
 
     def record_step(self, loss: torch.Tensor) -> bool:
         """Note the step just trained (before ``progress`` counts it); False when its update was skipped, so its
@@ -92,20 +110,33 @@ class DivergenceGuard:
         s, p, limit = self.setup, self.progress, self.policy.max_skipped_steps
         if not s.step.skipped:
             self.watch.record(loss, s.step.last_grad_norm, p.global_step)
+            if self.policy.on_nonfinite == "skip":
+                self.spikes.accept(loss)  # the step has already left out a spiking update
+            else:
+                self.spikes.record(loss, p.global_step)
+            if self._healthy_since_skip is not None:
+                self._healthy_since_skip += 1
             return True
         p.skipped_steps += 1  # every rank skipped this step: the step agrees on it
         p.epoch_skipped_steps += 1
+        self._healthy_since_skip = 0
         if s.process.is_main:
+            what = (
+                self.spikes.describe(float(loss), float(self.spikes.median()))
+                if getattr(s.step, "last_spike", False)
+                else f"the loss ({float(loss):.4g}) or a gradient is NaN or infinite"
+            )
             log.warning(
-                "Step %d: the loss (%.4g) or a gradient is NaN or infinite: update skipped (%d of at most %d, "
-                "train.max_skipped_steps)",
+                "Step %d: %s: update skipped (%d of at most %d, train.max_skipped_steps)",
                 p.global_step,
-                float(loss),
+                what,
                 p.skipped_steps,
                 limit,
             )
         if p.skipped_steps > limit and self.divergence is None:
-            cause = f"{p.skipped_steps} updates skipped for NaN or infinite values, more than {limit} "
+            cause = (
+                f"{p.skipped_steps} updates skipped for NaN, infinite or exploding values, more than {limit} "
+            )
             self.divergence = self._at(p.global_step, cause + "(train.max_skipped_steps)")
         return False
 
@@ -124,14 +155,36 @@ class DivergenceGuard:
         if self._checked_at_step == self.progress.global_step:
             return True
         self._checked_at_step = self.progress.global_step
-        found = self.watch.poll()
-        if found is not None:
+        found, spike = self.watch.poll(), self.spikes.poll()
+        if spike is not None and (found is None or spike[0] < found[0]):
+            step, loss, median = spike
+            self.divergence = dataclasses.replace(
+                self._at(step, self.spikes.describe(loss, median)), loss=loss
+            )
+        elif found is not None:
             step, loss, grad_norm = found
             cause = (
                 loss_cause(loss, grad_norm) if loss is not None else "a NaN or infinite loss on another rank"
             )
-            self.divergence = dataclasses.replace(self._at(step, cause), loss=loss, grad_norm=grad_norm)
+            # NaN out of a run whose losses never spiked before: bad data is the likelier cause than the LR.
+            abrupt = loss is not None and not math.isfinite(loss) and spike is None
+            self.divergence = dataclasses.replace(
+                self._at(step, cause), loss=loss, grad_norm=grad_norm, suspect_data=abrupt
+            )
         return self.divergence is None
+
+    @property
+    def healthy_steps_since_skip(self) -> int:
+        """Steps trained normally since the last skipped update (0 before any)."""
+        return self._healthy_since_skip or 0
+
+    def in_trouble(self) -> bool:
+        """Whether a checkpoint must wait: under ``skip``, fewer than ``train.healthy_steps_before_save`` steps
+        have trained normally since the last skipped one (their weights may be the explosion's)."""
+        return (
+            self._healthy_since_skip is not None
+            and self._healthy_since_skip < self.policy.healthy_steps_before_save
+        )
 
     def reject_state(self, nonfinite: str | None) -> bool:
         """True (and diverged) when a checkpoint's state holds NaN or inf on any rank; every rank calls this
@@ -149,13 +202,29 @@ class DivergenceGuard:
         if policy.on_nonfinite != "rollback" or divergence is None:
             return None
         target = self.recovery.last_good() if self.recovery is not None else None
+        if divergence.step in self._diverged_at:
+            # The restored position re-reads the same batches: the same step failing at a lower LR is the data.
+            self.divergence = dataclasses.replace(
+                divergence,
+                cause=f"{divergence.cause}; the same batch (step {divergence.step}) diverged again after a "
+                "rollback with a lower LR, so no more rollbacks are spent on it",
+                suspect_data=True,
+            )
+            return None
+        self._diverged_at.append(divergence.step)
         if p.rollbacks >= policy.max_rollbacks or target is None:
             why = (
                 f"after {p.rollbacks} rollbacks (train.max_rollbacks {policy.max_rollbacks})"
                 if target is not None
                 else "and there is no checkpoint to roll back to"
             )
-            self.divergence = dataclasses.replace(divergence, cause=f"{divergence.cause}, {why}")
+            # Failures at several batches, each after a lower LR, do not point at one bad sample.
+            several = len(set(self._diverged_at)) > 1
+            self.divergence = dataclasses.replace(
+                divergence,
+                cause=f"{divergence.cause}, {why}",
+                suspect_data=divergence.suspect_data and not several,
+            )
             return None
         rollbacks, scale = p.rollbacks + 1, s.schedule.scale * policy.rollback_lr_factor
         restored = self.recovery.restore(target)
@@ -165,6 +234,8 @@ class DivergenceGuard:
         s.use_lr_scale(scale)
         self.divergence, self._checked_at_step = None, None
         self.watch.reset()
+        self.spikes.reset()
+        self._healthy_since_skip = None
         if s.process.is_main:
             log.warning(
                 "Diverged %s. Rolled back to %s (global step %d) with the LR scaled by %.3g (rollback %d of at "
@@ -179,7 +250,8 @@ class DivergenceGuard:
         return divergence
 
     def _at(self, step: int, cause: str) -> Divergence:
-        return Divergence(step, cause, self.setup.schedule.lr_at(step))
+        schedule = self.setup.schedule
+        return Divergence(step, cause, schedule.lr_at(step), lr_scale=schedule.scale)
 
 
 def loss_cause(loss: float | None, grad_norm: float | None) -> str:

@@ -31,6 +31,8 @@ class TrainStep:
     and leaves the weights and the optimizer state untouched when either is NaN or infinite, as fp16's
     GradScaler does for overflows; that check is a host sync every step. Under fp16 the scaler keeps handling
     gradient overflows itself (they are routine while it finds its scale), so only the loss is checked.
+    ``spike_check`` (loss -> device bool, :class:`~dlscale.training.loss_spike.LossSpikeWatch`) also skips a
+    step whose finite loss is an explosion.
     """
 
     def __init__(
@@ -44,6 +46,7 @@ class TrainStep:
         forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
         markers: StepMarkers = NO_MARKERS,
         skip_nonfinite: bool = False,
+        spike_check: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -58,6 +61,8 @@ class TrainStep:
             None  # of the last step, where clipping or skipping computed it
         )
         self.skipped = False  # the last step's update was skipped (skip_nonfinite and a NaN/inf value)
+        self.spike_check = spike_check
+        self.last_spike = False  # the last skip was for this rank's loss spiking (for the log line)
 
     def set_lr(self, global_step: int) -> None:
         lr = self.schedule.lr_at(global_step)
@@ -106,7 +111,10 @@ class TrainStep:
         finite = torch.isfinite(loss.detach())
         if self.last_grad_norm is not None and self.precision.scaler is None:
             finite = finite & torch.isfinite(self.last_grad_norm.to(finite.device))
-        return not any_rank(not bool(finite), loss.device)
+        spike = self.spike_check(loss.detach()).to(finite.device) if self.spike_check is not None else None
+        self.last_spike = bool(finite) and spike is not None and bool(spike)
+        acceptable = bool(finite) and not self.last_spike
+        return not any_rank(not acceptable, loss.device)
 
 
 def _device_of(model: torch.nn.Module):

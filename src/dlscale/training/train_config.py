@@ -38,6 +38,13 @@ class TrainConfig:
     max_skipped_steps: int = 10  # skip: the run stops as diverged after more skipped updates than this
     max_rollbacks: int = 3  # rollback: the run stops as diverged when it diverges again after this many
     rollback_lr_factor: float = 0.5  # rollback: multiplies the LR (the whole schedule) at each rollback
+    # A finite explosion (dlscale.training.loss_spike): a step loss above loss_spike_factor x the median of the
+    # last loss_spike_window steps' losses is a sign of trouble in every policy, as NaN is; 0 switches it off.
+    loss_spike_factor: float = 100.0
+    loss_spike_window: int = 50
+    # skip: after a skipped update, checkpoints wait until this many steps in a row have trained normally, so
+    # a run that then diverges (or ends) still has the checkpoint from before its trouble as its latest
+    healthy_steps_before_save: int = 1
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "local_batch_size", "num_iters", "num_epochs"):
@@ -50,7 +57,19 @@ class TrainConfig:
             raise InvalidValue("graph_warmup_steps", f"must be >= 1, got {self.graph_warmup_steps}")
         if self.nonfinite_check_every < 1:
             raise InvalidValue("nonfinite_check_every", f"must be >= 1, got {self.nonfinite_check_every}")
-        for name in ("max_skipped_steps", "max_rollbacks"):
+        if not (math.isfinite(self.loss_spike_factor) and self.loss_spike_factor >= 0):
+            raise InvalidValue(
+                "loss_spike_factor", f"must be >= 0 (0 switches the check off), got {self.loss_spike_factor}"
+            )
+        if 0 < self.loss_spike_factor <= 1:
+            raise InvalidValue(
+                "loss_spike_factor",
+                f"must be above 1 (a loss that many times its recent median is an explosion), or 0 for off; "
+                f"got {self.loss_spike_factor}",
+            )
+        if self.loss_spike_window < 1:
+            raise InvalidValue("loss_spike_window", f"must be >= 1, got {self.loss_spike_window}")
+        for name in ("max_skipped_steps", "max_rollbacks", "healthy_steps_before_save"):
             if getattr(self, name) < 0:
                 raise InvalidValue(name, f"must be >= 0, got {getattr(self, name)}")
         if not (math.isfinite(self.rollback_lr_factor) and 0.0 < self.rollback_lr_factor <= 1.0):

@@ -2,7 +2,9 @@
 
 A reference is one of
 
-* a built-in name (``era5_vit``): :data:`dlscale.workloads.BUILT_IN` maps it to an import path;
+* a built-in name (``era5_vit``): :data:`dlscale.workloads.BUILT_IN` maps it to an import path; an entry point
+  of an installed package with the same name is ignored, with a warning, so that no package can silently
+  replace one of dlscale's own workloads;
 * a name an installed package registers in its ``pyproject.toml``::
 
       [project.entry-points."dlscale.workloads"]
@@ -22,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import logging
 import re
 from collections.abc import Callable, Mapping
 from functools import cache
@@ -31,6 +34,8 @@ from dlscale.errors import ConfigError, did_you_mean
 from dlscale.workloads.protocol import Workload
 
 ENTRY_POINT_GROUP = "dlscale.workloads"
+
+log = logging.getLogger("dlscale.workloads")
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -61,6 +66,7 @@ def installed_workloads() -> dict[str, str]:
 def import_path_of(reference: str, built_in: Mapping[str, str]) -> str:
     """The ``module:OBJECT`` path that ``reference`` stands for; ConfigError when it stands for none."""
     if reference in built_in:
+        _warn_of_ignored_entry_points(reference)
         return built_in[reference]
     if ":" in reference:
         if not _IMPORT_PATH.match(reference):
@@ -77,6 +83,29 @@ def import_path_of(reference: str, built_in: Mapping[str, str]) -> str:
         "import path package.module:OBJECT, or a name an installed package registers under the entry-point "
         f"group {ENTRY_POINT_GROUP!r}"
     )
+
+
+# Entry points already warned about (name, value, package): a config is read several times in one run.
+_IGNORED_ENTRY_POINTS: set[tuple[str, str, str]] = set()
+
+
+def _warn_of_ignored_entry_points(built_in_name: str) -> None:
+    """Warn (once per process) of each installed entry point named like a built-in workload: the built-in wins."""
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=built_in_name):
+        dist = getattr(entry, "dist", None)
+        package = dist.name if dist is not None else "unknown"
+        if (entry.name, entry.value, package) in _IGNORED_ENTRY_POINTS:
+            continue
+        _IGNORED_ENTRY_POINTS.add((entry.name, entry.value, package))
+        log.warning(
+            "workload %r is dlscale's built-in one: the entry point '%s = %s' (group %r) of the installed "
+            "package %r is ignored; rename it in that package's entry points to use it",
+            built_in_name,
+            entry.name,
+            entry.value,
+            ENTRY_POINT_GROUP,
+            package,
+        )
 
 
 @cache
