@@ -7,6 +7,8 @@
 #                        (constraints/tested.txt); also `make demo LOCKED=1`
 #   make test-oldest     the suite in .venv-oldest, every dependency at the floor pyproject.toml states
 #   make lock            rewrite constraints/tested.txt from .venv (after `make test` passed)
+# and the documentation site:
+#   make docs            install the docs extra into .venv and build the site (docs/, mkdocs.yml) into build/site
 PYTHON ?= python3
 ifeq ($(LOCKED),1)
 VENV ?= .venv-locked
@@ -25,7 +27,7 @@ DEMO_DATA ?= data/era5_demo
 DEMO_CONFIG ?= demo
 LINT_PATHS := $(wildcard src tests benchmarks scripts examples)
 
-.PHONY: demo test lint install clean-venv test-oldest lock
+.PHONY: demo test lint install clean-venv test-oldest lock docs
 
 install: $(STAMP)
 
@@ -78,6 +80,13 @@ lock: $(STAMP)
 	   $(BIN)/python -m pip freeze --exclude-editable --all | grep -v -i -E '^(torch|triton|nvidia-|cuda-|pip|setuptools|wheel)[=_-]'; \
 	} > constraints/tested.txt.new && mv constraints/tested.txt.new constraints/tested.txt
 	@echo "wrote constraints/tested.txt ($$(grep -c '==' constraints/tested.txt) pinned packages)"
+
+# The documentation site: mkdocs with the Material theme, the API page from the docstrings (mkdocstrings).
+# --strict turns every warning (a broken link, a page missing from the nav, a docstring that does not render)
+# into a failure.
+docs: $(STAMP)
+	$(BIN)/python -m pip install -q $(CONSTRAINT_OPTION) -e '.[docs]'
+	$(BIN)/mkdocs build --strict --site-dir build/site
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)

@@ -48,7 +48,7 @@ export CUDA_VISIBLE_DEVICES=3,2,1,0
 # export NCCL_DEBUG_SUBSYS=INIT,NET       # ...restricted to these subsystems
 # export NCCL_NET_GDR_LEVEL=PHB           # GPUDirect RDMA when NIC and GPU share a PCIe host bridge (sc21 tutorial)
 # export FI_MR_CACHE_MONITOR=userfaultfd  # libfabric memory-registration cache monitor (NERSC ViT tutorial)
-# export MASTER_PORT=29512                # rendezvous port; default 20000 + job id % 10000 (see README)
+# export MASTER_PORT=29512                # rendezvous port; default 20000 + job id % 10000 (see docs/many-gpus.md)
 # export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # a failed collective aborts the job instead of hanging it
 # Make `dlscale` available on every node, e.g.:
 # source /path/to/venv/bin/activate      or      module load <your python/pytorch module>

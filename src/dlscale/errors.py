@@ -1,7 +1,7 @@
 """Errors a user can fix. The CLI prints them as one clear message, without a traceback.
 
 Every message names the file, key or value at fault and says what was expected instead. Each class carries the
-exit status the CLI returns for it, so a batch script can tell the cases apart (README, "When things go wrong").
+exit status the CLI returns for it, so a batch script can tell the cases apart (docs/troubleshooting.md).
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def test_signal_saves_a_checkpoint_and_the_same_command_resumes(
     name = signal.Signals(signum).name
     assert output.count(f"Received {name}: stopping after the current step") == 1, output
     assert f"Stopped by {name}" in output and "Run the same command again to resume." in output
-    # The README's requeue recipe greps summary.json for exactly this.
+    # The requeue recipe (docs/many-gpus.md, and the job templates in scripts/) greps summary.json for exactly this.
     assert '"outcome": "stopped"' in (tmp_path / "tiny" / "00" / "summary.json").read_text()
     checkpoint = load_checkpoint(tmp_path / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")
     stopped_at = checkpoint["progress"]["global_step"]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch._inductor.config as inductor_config
 from bench_records import only_bench_record
 from follows_eager import Losses, assert_follows_eager, train_and_keep_losses
 from run_configs import tiny_run_config
@@ -79,7 +78,12 @@ def test_dlscale_bench_runs_on_the_cnn(tiny_mnist, tmp_path, capsys):
     assert record["FULL"]["trial_throughput"][0] > 0 and record["batch"]["local"] == 32
 
 
-SMALL_EPOCH = ("train.num_epochs=1", "data.limit_nsamples=128", "data.limit_nsamples_val=64")  # 4 steps of 32
+# 4 steps of 32, without dropout: the comparisons are of arithmetic. (Inductor draws dropout masks with its own
+# generator; its fallback_random setting draws eager's masks with torch 2.13 but not with torch 2.11, where the
+# compiled masks differ for the same seed.)
+SMALL_EPOCH = (
+    "train.num_epochs=1", "data.limit_nsamples=128", "data.limit_nsamples_val=64", "model.dropout1=0", "model.dropout2=0"
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +104,7 @@ def eager_losses(tiny_mnist, tmp_path_factory) -> Losses:
 )
 def test_bf16_and_compiled_epochs_follow_the_eager_losses(tiny_mnist, tmp_path, eager_losses, switch, flag):
     cfg = tiny(tiny_mnist, tmp_path, *SMALL_EPOCH, flag)
-    # Inductor draws dropout masks with its own generator; fallback_random has it draw eager's masks, so that the
-    # comparison is of arithmetic only. (Through its own patch(): monkeypatch's undo deletes a torch config key.)
-    with inductor_config.patch(fallback_random=switch == "compiled"):
-        losses = train_and_keep_losses(cfg, tmp_path / "tiny" / "00")
+    losses = train_and_keep_losses(cfg, tmp_path / "tiny" / "00")
     assert_follows_eager(losses, eager_losses, switch)
 
 

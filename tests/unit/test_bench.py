@@ -175,14 +175,14 @@ def series(name: str, *trials: float) -> TrialSeries:
 
 
 def test_a_verdict_holds_only_beyond_the_noise():
-    # The README's busy-machine case: FULL scattered by 20% around a mean just under 80% of SYNTHETIC.
+    # The busy-machine case of docs/speed.md: FULL scattered by 20% around a mean just under 80% of SYNTHETIC.
     noisy = {
         "IO": series("IO", 2900, 2950, 2920),
         "SYNTHETIC": series("SYNTHETIC", 20.0, 20.2, 19.9),
         "FULL": series("FULL", 12.5, 19.5, 15.0),
     }
     assert decide_bottleneck(2923, 20.03, 15.67).kind == "overhead"  # the means alone
-    # FULL cannot tell overlap from noise, but the step is clearly the limit: the README's verdict, with a note
+    # FULL cannot tell overlap from noise, but the step is clearly the limit: the documented verdict, with a note
     verdict = decide_from_trials(noisy)
     assert verdict.kind == "compute-bound" and verdict.knobs
     assert (
@@ -559,7 +559,7 @@ def test_each_bench_gets_a_file_of_its_own_in_the_run_directorys_bench_folder(tm
     assert default_bench_path(tmp_path, absolute.bench, moment) == tmp_path / "mine.json"
 
 
-def test_the_readme_bench_on_a_busy_machine_stays_compute_bound():
+def test_the_documented_bench_on_a_busy_machine_stays_compute_bound():
     # Measured on this 2-core machine with the test suite running beside it (FULL's second trial disturbed).
     busy = {
         "IO": series("IO", 27446.5, 33401.1),

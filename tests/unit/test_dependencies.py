@@ -1,5 +1,6 @@
 """The tested range of dlscale's dependencies: floors that pyproject.toml states and a job installs, the lock of
-the versions the suite last passed with, and the README's table of both (see CONTRIBUTING, "Dependencies")."""
+the versions the suite last passed with, and the docs' table of both (docs/installing.md, "Tested versions"; see
+CONTRIBUTING, "Dependencies")."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "constraints" / "tested.txt"
+TESTED_VERSIONS = "docs/installing.md"  # the page that holds the table of tested versions
 
 
 def load_floors_script():
@@ -129,12 +131,15 @@ def test_this_environment_holds_exactly_the_versions_its_job_names():
     assert not wrong, f"installed versions differ from {path}: {wrong}"
 
 
-# ----------------------------------------------------------------------------------- the README's table
+# ------------------------------------------------------------------------------ the docs' table of versions
+
+# Tools that develop dlscale (the dev and docs extras) rather than run it: pinned in the lock, not in the table.
+DEVELOPER_TOOLS = {"pytest", "ruff", "line-profiler", "mkdocs", "mkdocs-material", "mkdocstrings"}
 
 
-def readme_table() -> dict[str, tuple[str, str]]:
-    """package -> (floor, newest tested) from the README's table of tested versions."""
-    text = (ROOT / "README.md").read_text()
+def table_of_tested_versions() -> dict[str, tuple[str, str]]:
+    """package -> (floor, newest tested) from the docs' table of tested versions."""
+    text = (ROOT / TESTED_VERSIONS).read_text()
     section = text[text.index("<!-- tested-versions -->") : text.index("<!-- /tested-versions -->")]
     rows = {}
     for line in section.splitlines():
@@ -144,15 +149,17 @@ def readme_table() -> dict[str, tuple[str, str]]:
     return rows
 
 
-def test_the_readme_states_the_floor_and_the_newest_tested_version_of_each_dependency():
+def test_the_docs_state_the_floor_and_the_newest_tested_version_of_each_dependency():
     floors = dict(line.split("==") for line in floors_script.floor_constraints(ROOT / "pyproject.toml"))
     locked = pins(LOCK)
     torch_tested = re.search(r"and torch (\S+?)\.?$", LOCK.read_text(), re.M).group(1)
-    table = readme_table()
-    assert set(table) == set(floors) - {"pytest", "ruff", "line-profiler"}, (
-        "the README's table lists other packages"
-    )
+    table = table_of_tested_versions()
+    assert set(table) == set(floors) - DEVELOPER_TOOLS, f"{TESTED_VERSIONS}'s table lists other packages"
     for name, (floor, newest) in table.items():
-        assert floor == floors[name], f"README: {name}'s floor {floor}, pyproject.toml says {floors[name]}"
+        assert floor == floors[name], (
+            f"{TESTED_VERSIONS}: {name}'s floor {floor}, pyproject.toml says {floors[name]}"
+        )
         tested = torch_tested if name == "torch" else locked[name]
-        assert newest == tested, f"README: {name} newest tested {newest}, {LOCK.name} says {tested}"
+        assert newest == tested, (
+            f"{TESTED_VERSIONS}: {name} newest tested {newest}, {LOCK.name} says {tested}"
+        )

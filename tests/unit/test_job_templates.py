@@ -123,11 +123,11 @@ def test_a_profiling_run_that_stopped_is_not_requeued(tmp_path, name):
     assert (status, requeues) == (0, []), output
 
 
-def test_the_readme_says_what_each_status_becomes_under_srun_and_torchrun():
-    readme = (REPO / "README.md").read_text()
+def test_the_docs_say_what_each_status_becomes_under_srun_and_torchrun():
+    page = (REPO / "docs" / "troubleshooting.md").read_text()  # "When things go wrong"
     rows = {
         int(match.group(1)): (match.group(2), match.group(3))
-        for match in re.finditer(r"^\| (\d+) \| .* \| (\d+) \| (.*) \|$", readme, re.MULTILINE)
+        for match in re.finditer(r"^\| (\d+) \| .* \| (\d+) \| (.*) \|$", page, re.MULTILINE)
     }
     codes = {0} | {
         cls.exit_code for cls in vars(errors).values() if isinstance(getattr(cls, "exit_code", None), int)
@@ -138,4 +138,4 @@ def test_the_readme_says_what_each_status_becomes_under_srun_and_torchrun():
         assert under_torchrun == (
             "0 when finished; **1** when stopped by a signal sent to torchrun" if code == 0 else "1"
         )
-    assert "read `outcome` in `summary.json`, not the exit status" in readme
+    assert "read `outcome` in `summary.json`, not the exit status" in page

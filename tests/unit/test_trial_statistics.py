@@ -159,7 +159,8 @@ def test_ratio_interval_scales_with_the_rates_and_inverts() -> None:
 
 
 def test_a_loader_a_hundred_times_faster_is_so_beyond_noise_where_a_linear_interval_goes_negative() -> None:
-    # The README's bench on a busy 2-core machine: two IO trials 20% apart, two SYNTHETIC trials close together.
+    # The documented bench (docs/speed.md) on a busy 2-core machine: two IO trials 20% apart, two SYNTHETIC
+    # trials close together.
     io, synthetic = [27446.5, 33401.1], [159.6, 160.4]
     assert mean_interval(io).low < 0  # a rate below zero: the linear interval says nothing here
     interval = ratio_interval(synthetic, io)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from dlscale.config.yaml_source import DEFAULT_YAML
 
 # The titles of the argparse groups the flags are listed under in --help.
-TUTORIAL_FLAGS_GROUP = "the tutorials' flags (each sets one config key; see README)"
+TUTORIAL_FLAGS_GROUP = "the tutorials' flags (each sets one config key; see docs/configs.md)"
 RUN_CONTROL_GROUP = "run control"
 BENCH_TRIALS_GROUP = "throughput trials (benchy)"
 

@@ -30,7 +30,7 @@ class TrainConfig:
     cuda_graphs: bool = False  # capture forward + loss + backward (and the optimizer step) in a CUDA graph
     graph_warmup_steps: int = 20  # eager steps on a side stream before capture (the tutorial uses 20)
     deterministic: bool = False  # deterministic kernels on GPUs (slower); CPU runs are deterministic anyway
-    # What a NaN or infinite loss/gradient does (README, "When things go wrong"): stop the run without saving
+    # What a NaN or infinite loss/gradient does (docs/troubleshooting.md): stop the run without saving
     # over the last good checkpoint; skip the update (a host sync every step); or roll back to that checkpoint
     # and lower the LR.
     on_nonfinite: Literal["stop", "skip", "rollback"] = "stop"
