@@ -48,8 +48,8 @@ from benchmark_text import command_line
 
 import dlscale
 from dlscale.config import load_run_config
-from dlscale.data.era5_layout import FIELDS_KEY
-from dlscale.perf.bench import run_trials
+from dlscale.data.era5.layout import FIELDS_KEY
+from dlscale.perf.bench.trials import run_trials
 from dlscale.run.assembly import build_training
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.device import Device

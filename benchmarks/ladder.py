@@ -30,9 +30,9 @@ import torch
 
 from dlscale import __version__
 from dlscale.config import load_run_config
-from dlscale.data.synth_era5 import existing_spec, spec_from_preset, write_synthetic_era5
-from dlscale.perf.bench_plot import plotted_interval, throughput_figure
-from dlscale.perf.bench_report import TEST_NAMES, TrialSeries
+from dlscale.data.era5.synth import existing_spec, spec_from_preset, write_synthetic_era5
+from dlscale.perf.bench.plot import plotted_interval, throughput_figure
+from dlscale.perf.bench.report import TEST_NAMES, TrialSeries
 from dlscale.report.figures import save_png
 from dlscale.report.run_dir import setup_logging
 from dlscale.run.bench import bench_one_config

@@ -20,7 +20,7 @@ Two more steps, with saved-tensor hooks that note what autograd saves, split the
 parameters, gradients, optimizer state, saved for backward, the batch and the rest; their peaks must equal
 the measured step's (the hooks allocate nothing).
 
-The estimate is :func:`dlscale.perf.layout_cost.estimate_memory` of the layout, for its busiest rank, without
+The estimate is :func:`dlscale.perf.plan.layout_cost.estimate_memory` of the layout, for its busiest rank, without
 the CUDA allowance (a CPU has no CUDA context). Results: ``benchmarks/results/<date>-cpu-plan-vs-measured``
 ``.json``, ``.md`` and ``.png``.
 """
@@ -61,7 +61,7 @@ from dlscale.parallel.data_parallel import wrap_data_parallel
 from dlscale.parallel.mesh import MeshShape, ParallelMesh
 from dlscale.parallel.parallel_config import ParallelConfig
 from dlscale.parallel.vit_parallel import parallelize_vit
-from dlscale.perf.layout_cost import (
+from dlscale.perf.plan.layout_cost import (
     Layout,
     ModelShape,
     TrainingSettings,
@@ -69,7 +69,7 @@ from dlscale.perf.layout_cost import (
     estimate_activation_bytes,
     estimate_memory,
 )
-from dlscale.perf.saved_tensors import measure_saved_tensor_bytes
+from dlscale.perf.plan.saved_tensors import measure_saved_tensor_bytes
 from dlscale.report.figures import save_png
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.device import Device
@@ -277,7 +277,7 @@ def summarize(cases: list[dict[str, Any]], self_check: dict[str, int], argv: lis
         "device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores), 1 thread a rank",
         "torch_version": torch.__version__,
         "dlscale_version": __version__,
-        "estimate": "dlscale.perf.layout_cost.estimate_memory, busiest rank, without the CUDA allowance",
+        "estimate": "dlscale.perf.plan.layout_cost.estimate_memory, busiest rank, without the CUDA allowance",
         "measurement": "torch.profiler(profile_memory=True): peak of live CPU tensor bytes within a step",
         "self_check": self_check,
         "in_out_channels": [IN_CHANNELS, OUT_CHANNELS],

@@ -4,7 +4,7 @@
         [--cases cnn_mnist,unet_cosmo] [--out benchmarks/results]
 
 The workloads without a cost model of their own are planned from a trace on fake tensors
-(:mod:`dlscale.perf.traced_memory`, :mod:`dlscale.perf.traced_layouts`). This measures, for each case of
+(:mod:`dlscale.perf.plan.traced_memory`, :mod:`dlscale.perf.plan.traced_layouts`). This measures, for each case of
 :data:`CASES` (a shipped config at a CPU size, on synthetic data), fp32 and bf16, serial and on 2 forked gloo
 ranks with DDP and with FSDP2, the true peak of a training step as ``dlscale train`` runs it (zero_grad,
 forward under autocast, the workload's loss in fp32, backward, the config's optimizer; after a warm-up step,
@@ -49,13 +49,13 @@ from dlscale.cli import main as dlscale_main
 from dlscale.config import load_run_config
 from dlscale.parallel.data_parallel import wrap_data_parallel
 from dlscale.parallel.parallel_config import ParallelConfig
-from dlscale.perf.traced_layouts import (
+from dlscale.perf.plan.traced_layouts import (
     DataParallelLayout,
     OptimizerMemory,
     estimate_traced_memory,
     layout_problems,
 )
-from dlscale.perf.traced_memory import TensorSpec, trace_training_step
+from dlscale.perf.plan.traced_memory import TensorSpec, trace_training_step
 from dlscale.report.figures import save_png
 from dlscale.run.assembly import batch_sizes
 from dlscale.runtime.atomic_files import write_text_atomically
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores), 1 thread a rank",
         "torch_version": torch.__version__,
         "dlscale_version": __version__,
-        "estimate": "dlscale.perf.traced_layouts.estimate_traced_memory of a fake-tensor trace, busiest rank, "
+        "estimate": "dlscale.perf.plan.traced_layouts.estimate_traced_memory of a fake-tensor trace, busiest rank, "
         "without the CUDA allowance",
         "measurement": "torch.profiler(profile_memory=True): peak of live CPU tensor bytes within a step",
         "self_check": self_check,

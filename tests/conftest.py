@@ -20,7 +20,7 @@ os.environ.setdefault("DLSCALE_DEVICE", "cpu")
 @pytest.fixture(scope="session")
 def tiny_era5(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A synthetic ERA5 data set of the `tiny` preset (16 x 32 grid, 46 training and 23 validation samples)."""
-    from dlscale.data.synth_era5 import PRESETS, write_synthetic_era5
+    from dlscale.data.era5.synth import PRESETS, write_synthetic_era5
 
     return write_synthetic_era5(tmp_path_factory.mktemp("data") / "era5_tiny", PRESETS["tiny"])
 

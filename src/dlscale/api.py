@@ -25,7 +25,7 @@ from typing import Any
 
 from dlscale.config import RunConfig, load_run_config
 from dlscale.config.yaml_source import DEFAULT_YAML
-from dlscale.perf.bench import BenchResults
+from dlscale.perf.bench.trials import BenchResults
 from dlscale.run.bench import bench_one_config
 from dlscale.run.process_group import distributed_run
 from dlscale.run.training import train_and_summarize

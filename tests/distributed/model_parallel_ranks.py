@@ -128,8 +128,8 @@ def saved_activation_bytes(
     rank: int, tp: int, cp: int, img_size: tuple[int, int], local_batch: int, amp: str
 ):
     """(measured, estimated) bytes this rank's part of the ViT saves for backward (dlscale plan's formula)."""
-    from dlscale.perf.layout_cost import ModelShape, estimate_activation_bytes
-    from dlscale.perf.saved_tensors import measure_saved_activation_bytes
+    from dlscale.perf.plan.layout_cost import ModelShape, estimate_activation_bytes
+    from dlscale.perf.plan.saved_tensors import measure_saved_activation_bytes
 
     mesh, _ = start_mesh(tp, cp, "tp-cp-dp")
     try:

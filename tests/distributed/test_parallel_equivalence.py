@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dlscale.data.era5_config import ERA5DataConfig
+from dlscale.data.era5.config import ERA5DataConfig
 from dlscale.models.vit_config import ViTConfig
 from dlscale.parallel import (
     Difference,
@@ -143,7 +143,7 @@ def test_parallelize_raising_on_one_rank_names_the_rank_and_does_not_hang():
 
 
 def test_a_workload_without_parallelize_gives_its_config_error():
-    from dlscale.data.mnist_config import MNISTDataConfig
+    from dlscale.data.mnist.config import MNISTDataConfig
     from dlscale.models.cnn_config import CNNConfig
     from dlscale.workloads.cnn_mnist import WORKLOAD as CNN
 

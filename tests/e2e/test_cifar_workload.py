@@ -16,7 +16,7 @@ from run_configs import tiny_run_config
 
 from dlscale.checkpoint.files import load_checkpoint
 from dlscale.cli import main
-from dlscale.data.synth_cifar import PRESETS, write_synthetic_cifar
+from dlscale.data.cifar.synth import PRESETS, write_synthetic_cifar
 from dlscale.run.training import train
 from dlscale.runtime.local_ranks import run_ranks
 from dlscale.training.observer import Observer

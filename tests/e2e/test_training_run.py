@@ -279,7 +279,7 @@ def all_cores():
 @pytest.mark.slow
 def test_the_tutorial_short_config_trains_at_full_size_on_the_real_grid(tmp_path, all_cores):
     """The real tutorial's shapes end to end: 361 x 720 files cropped to 360 x 720, the 23.8 M parameter ViT."""
-    from dlscale.data.synth_era5 import SynthERA5Spec, write_synthetic_era5
+    from dlscale.data.era5.synth import SynthERA5Spec, write_synthetic_era5
 
     spec = SynthERA5Spec(height=361, width=720, steps_per_year=3, train_years=1, valid_years=1, test_years=0)
     data = write_synthetic_era5(tmp_path / "era5", spec)

@@ -16,7 +16,7 @@ from test_training_run import StopAtStep
 
 from dlscale.checkpoint.files import load_checkpoint
 from dlscale.cli import main
-from dlscale.data.synth_cosmo import generate
+from dlscale.data.cosmo.synth import generate
 from dlscale.run.training import train
 from dlscale.runtime.local_ranks import run_ranks
 from dlscale.training.observer import Observer

@@ -17,8 +17,7 @@ from dlscale.cli import main
 from dlscale.config import load_run_config
 from dlscale.errors import ConfigError, DataError
 from dlscale.parallel.mesh import MeshShape, ParallelMesh
-from dlscale.perf.bench import run_trials
-from dlscale.perf.bench_report import (
+from dlscale.perf.bench.report import (
     BOUND_MARGIN,
     OVERHEAD_MARGIN,
     TrialSeries,
@@ -27,7 +26,8 @@ from dlscale.perf.bench_report import (
     interval_line,
     summary_record,
 )
-from dlscale.perf.sweep import SweepSpec, flags_not_swept, parse_sweep, sweep_points
+from dlscale.perf.bench.sweep import SweepSpec, flags_not_swept, parse_sweep, sweep_points
+from dlscale.perf.bench.trials import run_trials
 from dlscale.run.bench import default_bench_path, run_benchmark, switched_on_knobs
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
@@ -518,7 +518,7 @@ def test_each_test_reports_the_energy_and_power_of_the_gpu(tmp_path, bench_lines
         def close(self):
             ConstantGpu.closed = True
 
-    monkeypatch.setattr("dlscale.perf.bench.open_gpu_backend", lambda indices: ConstantGpu())
+    monkeypatch.setattr("dlscale.perf.bench.trials.open_gpu_backend", lambda indices: ConstantGpu())
     setup, clock = fake_clock_setup()  # the power sampler keeps its own real clock: energy needs only time
     setup.device = SimpleNamespace(
         is_gpu=True,

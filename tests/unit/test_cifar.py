@@ -15,10 +15,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dlscale.cli import main
 from dlscale.config import load_run_config
-from dlscale.data import synth_cifar
-from dlscale.data.cifar import BINARY_DIR, RECORD_BYTES, CIFARDataset, read_records
-from dlscale.data.cifar_config import CIFARDataConfig
-from dlscale.data.synth_cifar import MANIFEST, PRESETS, SynthCIFARSpec, existing_spec, write_synthetic_cifar
+from dlscale.data.cifar import synth as synth_cifar
+from dlscale.data.cifar.config import CIFARDataConfig
+from dlscale.data.cifar.dataset import BINARY_DIR, RECORD_BYTES, CIFARDataset, read_records
+from dlscale.data.cifar.synth import MANIFEST, PRESETS, SynthCIFARSpec, existing_spec, write_synthetic_cifar
 from dlscale.errors import ConfigError, DataError
 from dlscale.models.resnet import ResNet, count_parameters, resnet_flops_per_sample
 from dlscale.models.resnet_config import ResNetConfig

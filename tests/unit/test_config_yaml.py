@@ -21,7 +21,7 @@ from dlscale.config.yaml_source import (
     read_config_file,
     resolve_section,
 )
-from dlscale.data.era5_config import ERA5DataConfig
+from dlscale.data.era5.config import ERA5DataConfig
 from dlscale.errors import ConfigError
 from dlscale.models.vit_config import ViTConfig
 from dlscale.report.log_config import LogConfig

@@ -13,12 +13,9 @@ import pytest
 import torch
 
 from dlscale.cli import main
-from dlscale.data.cosmo import CosmoCropDataset
-from dlscale.data.cosmo_config import CosmoDataConfig
-from dlscale.data.gpu_pipeline import GpuPipeline
-from dlscale.data.loader_config import LoaderConfig
-from dlscale.data.normalization import EpochIndex
-from dlscale.data.orientations import (
+from dlscale.data.cosmo.config import CosmoDataConfig
+from dlscale.data.cosmo.dataset import CosmoCropDataset
+from dlscale.data.cosmo.orientations import (
     NUM_ORIENTATIONS,
     ORIENTATIONS,
     compose,
@@ -27,9 +24,12 @@ from dlscale.data.orientations import (
     orient_batch,
     orient_tensor,
 )
+from dlscale.data.cosmo.synth import MANIFEST, generate
+from dlscale.data.gpu_pipeline import GpuPipeline
+from dlscale.data.loader_config import LoaderConfig
+from dlscale.data.normalization import EpochIndex
 from dlscale.data.pipeline import build_batch_source
 from dlscale.data.sampler import EvaluationSampler, TrainingSampler
-from dlscale.data.synth_cosmo import MANIFEST, generate
 from dlscale.errors import ConfigError, DataError, InvalidValue
 from dlscale.runtime.device import Device
 

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from dlscale.perf.bench_report import utilization_line
-from dlscale.perf.monitor_observer import CrossRankSummary, RankSpread
+from dlscale.perf.bench.report import utilization_line
+from dlscale.perf.monitor.observer import CrossRankSummary, RankSpread
 from dlscale.report.console import ConsoleReporter, performance_line
 from dlscale.run.assembly import describe_execution
 

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from dlscale.data.batch_reads import BatchesAsItems
-from dlscale.data.era5 import ERA5Dataset
+from dlscale.data.era5.dataset import ERA5Dataset
 from dlscale.data.gpu_pipeline import READER_THREAD_PREFIX, GpuPipeline
 from dlscale.data.loader_config import LoaderConfig
 from dlscale.data.normalization import ChannelNormalizer, SupportsDeviceNormalization
@@ -360,7 +360,7 @@ def test_interpreter_exit_with_a_pass_in_progress_is_clean(valid_set, tmp_path):
     script = textwrap.dedent(
         f"""
         import pickle, time
-        from dlscale.data.era5 import ERA5Dataset
+        from dlscale.data.era5.dataset import ERA5Dataset
         from dlscale.data.gpu_pipeline import GpuPipeline
         from dlscale.data.sampler import EvaluationSampler
         from dlscale.runtime.device import Device

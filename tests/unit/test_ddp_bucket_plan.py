@@ -12,8 +12,8 @@ from test_memory_plan import sliced_parameter_count
 
 from dlscale.config import load_run_config
 from dlscale.models.vit import VisionTransformer
-from dlscale.perf.layout_cost import FP32_BYTES, GIB, Layout, TrainingSettings
-from dlscale.perf.memory_plan import estimate_layout, model_shape_of
+from dlscale.perf.plan.layout_cost import FP32_BYTES, GIB, Layout, TrainingSettings
+from dlscale.perf.plan.layouts import estimate_layout, model_shape_of
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
 CAPACITY = 80 * GIB

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from dlscale.data import era5 as era5_module
-from dlscale.data.era5 import ERA5_CHANNELS, ERA5Dataset
-from dlscale.data.era5_config import ERA5DataConfig
-from dlscale.data.era5_layout import missing_data_hint, scan_split
+from dlscale.data.era5 import dataset as era5_module
+from dlscale.data.era5.config import ERA5DataConfig
+from dlscale.data.era5.dataset import ERA5_CHANNELS, ERA5Dataset
+from dlscale.data.era5.layout import missing_data_hint, scan_split
 from dlscale.errors import DataError, InvalidValue
 
 YEARS = ("1990", "1991", "1992")
@@ -303,7 +303,7 @@ def test_limit_keeps_first_samples(data_root):
 
 
 def test_limit_larger_than_data_keeps_all_and_warns(data_root, caplog):
-    with caplog.at_level(logging.WARNING, logger="dlscale.data.era5"):
+    with caplog.at_level(logging.WARNING, logger="dlscale.data.era5.dataset"):
         ds = ERA5Dataset(make_cfg(data_root, limit_nsamples=1000), "train")
     assert len(ds) == sum(steps - 1 for steps in STEPS)
     assert "limit_nsamples=1000" in caplog.text

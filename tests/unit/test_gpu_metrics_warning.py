@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dlscale.perf.monitor_config import MonitorConfig
-from dlscale.perf.monitor_observer import MonitorObserver
+from dlscale.perf.monitor.config import MonitorConfig
+from dlscale.perf.monitor.observer import MonitorObserver
 from dlscale.runtime import gpu_metrics
 from dlscale.runtime.gpu_metrics import open_gpu_backend
 

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from dlscale.data.hdf5_slabs import SlabReader
+from dlscale.data.era5.hdf5_slabs import SlabReader
 
 
 @pytest.fixture

@@ -121,9 +121,13 @@ def test_no_circle_of_modules():
 
 
 def test_config_sections_are_leaves():
-    """A ``*_config.py`` section module imports nothing of dlscale but the errors (so reading a config loads no
+    """A ``*_config.py`` (or a package's ``config.py``) section module imports nothing of dlscale but the errors (so reading a config loads no
     torch, and any layer may read a section)."""
-    leaves = {m: p for m, p in all_modules().items() if m.endswith("_config") and unit_of(m) != "config"}
+    leaves = {
+        m: p
+        for m, p in all_modules().items()
+        if (m.endswith("_config") or m.endswith(".config")) and unit_of(m) != "config"
+    }
     assert len(leaves) >= 15
     for module, path in leaves.items():
         imported = {target for target, _ in imports_of(path)}

@@ -12,9 +12,14 @@ import numpy as np
 import pytest
 from test_era5_dataset import make_cfg, write_split, write_stats
 
-from dlscale.data import mapped_fields
-from dlscale.data.era5 import ERA5Dataset
-from dlscale.data.mapped_fields import MappedFields, choose_read_method, file_system_type, mapping_obstacle
+from dlscale.data.era5 import mapped_fields
+from dlscale.data.era5.dataset import ERA5Dataset
+from dlscale.data.era5.mapped_fields import (
+    MappedFields,
+    choose_read_method,
+    file_system_type,
+    mapping_obstacle,
+)
 from dlscale.errors import DataError
 
 FIELDS = np.arange(3 * 2 * 4 * 5, dtype=np.float32).reshape(3, 2, 4, 5) / 7
@@ -133,7 +138,7 @@ def test_the_data_set_says_how_it_reads(tmp_path, caplog, monkeypatch):
     write_split(tmp_path, "train")
     write_stats(tmp_path, means=np.zeros(4), stds=np.ones(4))
     monkeypatch.setattr(mapped_fields, "file_system_type", lambda path: "ext4")
-    with caplog.at_level(logging.INFO, logger="dlscale.data.era5"):
+    with caplog.at_level(logging.INFO, logger="dlscale.data.era5.dataset"):
         mapped = ERA5Dataset(make_cfg(tmp_path), "train")
     assert mapped.read_method == "mmap"
     assert (

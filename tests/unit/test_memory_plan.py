@@ -17,7 +17,7 @@ from dlscale.config import load_run_config
 from dlscale.errors import InvalidValue
 from dlscale.models.vit import Attention, VisionTransformer, count_parameters
 from dlscale.models.vit_config import ViTConfig
-from dlscale.perf.layout_cost import (
+from dlscale.perf.plan.layout_cost import (
     GIB,
     Layout,
     ModelShape,
@@ -30,8 +30,8 @@ from dlscale.perf.layout_cost import (
     layout_problems,
     local_parameter_shapes,
 )
-from dlscale.perf.memory_plan import estimate_layout, model_shape_of, plan, tutorial_comparisons
-from dlscale.perf.saved_tensors import measure_saved_activation_bytes, measure_saved_tensor_bytes
+from dlscale.perf.plan.layouts import estimate_layout, model_shape_of, plan, tutorial_comparisons
+from dlscale.perf.plan.saved_tensors import measure_saved_activation_bytes, measure_saved_tensor_bytes
 from dlscale.training.metrics import relative_l2_loss
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"

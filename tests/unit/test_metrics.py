@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from dlscale.data.era5 import ERA5Dataset
-from dlscale.data.era5_config import ERA5DataConfig
-from dlscale.data.era5_layout import ERA5_CHANNELS
-from dlscale.data.synth_era5 import SynthERA5Spec, write_synthetic_era5
+from dlscale.data.era5.config import ERA5DataConfig
+from dlscale.data.era5.dataset import ERA5Dataset
+from dlscale.data.era5.layout import ERA5_CHANNELS
+from dlscale.data.era5.synth import SynthERA5Spec, write_synthetic_era5
 from dlscale.errors import ConfigError
 from dlscale.training.metrics import (
     MetricSums,

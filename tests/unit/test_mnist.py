@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from dlscale.config import load_run_config
-from dlscale.data.mnist import MNISTDataset
-from dlscale.data.mnist_config import MNISTDataConfig
-from dlscale.data.synth_mnist import PRESETS, generate, glyph_segments, synth_split
+from dlscale.data.mnist.config import MNISTDataConfig
+from dlscale.data.mnist.dataset import MNISTDataset
+from dlscale.data.mnist.synth import PRESETS, generate, glyph_segments, synth_split
 from dlscale.errors import ConfigError, DataError, InvalidValue
 from dlscale.models.cnn import MnistCNN, count_parameters
 from dlscale.models.cnn_config import CNNConfig

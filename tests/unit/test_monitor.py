@@ -14,7 +14,9 @@ import pytest
 
 from dlscale.cli import main
 from dlscale.parallel.parallel_config import ParallelConfig
-from dlscale.perf.monitor import (
+from dlscale.perf.monitor.config import MonitorConfig
+from dlscale.perf.monitor.observer import MetricsCsv, MonitorObserver, gather_across_ranks, write_tensorboard
+from dlscale.perf.monitor.sampler import (
     NO_GPU_MESSAGE,
     GpuStats,
     MetricsSampler,
@@ -24,8 +26,6 @@ from dlscale.perf.monitor import (
     summarize,
     verdict,
 )
-from dlscale.perf.monitor_config import MonitorConfig
-from dlscale.perf.monitor_observer import MetricsCsv, MonitorObserver, gather_across_ranks, write_tensorboard
 from dlscale.report.log_config import LogConfig
 from dlscale.runtime.gpu_metrics import GpuReading, HostReading
 from dlscale.runtime.local_ranks import run_ranks

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dlscale.errors import ConfigError
-from dlscale.perf.profile import (
+from dlscale.perf.profile.capture import (
     CudaProfilerWindow,
     LineProfileObserver,
     TorchProfilerObserver,
@@ -22,7 +22,7 @@ from dlscale.perf.profile import (
     nsys_command,
     nsys_hint_lines,
 )
-from dlscale.perf.profile_config import ProfileConfig
+from dlscale.perf.profile.config import ProfileConfig
 from dlscale.runtime import nvtx
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo

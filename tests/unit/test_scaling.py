@@ -13,8 +13,8 @@ import pytest
 from dlscale.cli import main
 from dlscale.config import load_run_config
 from dlscale.parallel.mesh import MeshShape, ParallelMesh
-from dlscale.perf.bench_report import TrialSeries, decide_bottleneck
-from dlscale.perf.scaling import (
+from dlscale.perf.bench.report import TrialSeries, decide_bottleneck
+from dlscale.perf.bench.scaling import (
     SCALING_KIND,
     ScalingInputError,
     analyse_scaling,
@@ -298,7 +298,7 @@ def test_command_reports_a_bad_file_as_an_error(tmp_path, capsys):
 
 
 def test_log_ticks_read_as_numbers_across_a_narrow_range():
-    from dlscale.perf.scaling import log_ticks
+    from dlscale.perf.bench.scaling import log_ticks
 
     ticks = log_ticks(95, 180)
     assert len(ticks) >= 3 and ticks == sorted(set(ticks))  # more than one tick within one power of two
@@ -308,6 +308,6 @@ def test_log_ticks_read_as_numbers_across_a_narrow_range():
 
 
 def test_a_gpu_study_counts_gpus():
-    from dlscale.perf.scaling import rank_word
+    from dlscale.perf.bench.scaling import rank_word
 
     assert rank_word("NVIDIA H100 80GB HBM3") == "GPUs" and rank_word("cpu (2 threads)") == "processes"

@@ -114,7 +114,7 @@ JSON_WRITE = re.compile(r"\bjson\.dumps?\(")
 # (file relative to src/dlscale, a substring of the line) for the json.dumps calls that may stay.
 ALLOWED = [
     # Builds a dict key (one key per distinct setup value), never written anywhere: NaN cannot get out.
-    ("perf/scaling.py", "first_file.setdefault(json.dumps(run.setup[key], sort_keys=True)"),
+    ("perf/bench/scaling.py", "first_file.setdefault(json.dumps(run.setup[key], sort_keys=True)"),
 ]
 
 
@@ -144,13 +144,13 @@ def test_every_json_file_is_written_through_to_json():
 
 def test_the_scan_finds_json_dumps_and_json_dump(tmp_path):
     package = tmp_path / "pkg"
-    (package / "perf").mkdir(parents=True)
-    (package / "perf" / "scaling.py").write_text(
+    (package / "perf" / "bench").mkdir(parents=True)
+    (package / "perf" / "bench" / "scaling.py").write_text(
         "first_file.setdefault(json.dumps(run.setup[key], sort_keys=True), p)\n"
         "text = json.dumps(document, indent=2)\n"
     )
     (package / "other.py").write_text("import json\n\njson.dump(document, handle)\nx = myjson.dumps(1)\n")
     assert json_writes_outside_the_helper(package) == [
         "other.py:3: json.dump(document, handle)",
-        "perf/scaling.py:2: text = json.dumps(document, indent=2)",
+        "perf/bench/scaling.py:2: text = json.dumps(document, indent=2)",
     ]

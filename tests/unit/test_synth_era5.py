@@ -12,11 +12,11 @@ import h5py
 import numpy as np
 import pytest
 
-from dlscale.data import synth_era5
-from dlscale.data.era5 import ERA5_CHANNELS, ERA5Dataset
-from dlscale.data.era5_config import ERA5DataConfig
-from dlscale.data.synth_atmosphere import Grid, SyntheticAtmosphere
-from dlscale.data.synth_era5 import (
+from dlscale.data.era5 import synth as synth_era5
+from dlscale.data.era5.atmosphere import Grid, SyntheticAtmosphere
+from dlscale.data.era5.config import ERA5DataConfig
+from dlscale.data.era5.dataset import ERA5_CHANNELS, ERA5Dataset
+from dlscale.data.era5.synth import (
     PRESETS,
     SynthERA5Spec,
     existing_spec,

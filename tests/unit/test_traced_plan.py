@@ -16,22 +16,22 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from dlscale.config import load_run_config
 from dlscale.models.vit import VisionTransformer
 from dlscale.models.vit_config import ViTConfig
-from dlscale.perf.layout_cost import (
+from dlscale.perf.plan.layout_cost import (
     Layout,
     ModelShape,
     TrainingSettings,
     estimate_activation_bytes,
     estimate_memory,
 )
-from dlscale.perf.saved_tensors import measure_saved_tensor_bytes
-from dlscale.perf.traced_layouts import (
+from dlscale.perf.plan.saved_tensors import measure_saved_tensor_bytes
+from dlscale.perf.plan.traced_layouts import (
     DataParallelLayout,
     OptimizerMemory,
     estimate_traced_memory,
     layout_problems,
 )
-from dlscale.perf.traced_memory import TensorSpec, trace_training_step
-from dlscale.perf.traced_plan import MEASURED_RATIO_RANGE, MEASURED_RESULT, plan_data_parallel
+from dlscale.perf.plan.traced_memory import TensorSpec, trace_training_step
+from dlscale.perf.plan.traced_plan import MEASURED_RATIO_RANGE, MEASURED_RESULT, plan_data_parallel
 from dlscale.runtime.device import Device
 from dlscale.training.metrics import relative_l2_loss
 from dlscale.training.optim import build_optimizer

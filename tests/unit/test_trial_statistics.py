@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dlscale.perf.trial_statistics import compare_throughputs, mean_interval, ratio_interval, t_quantile_975
+from dlscale.perf.bench.intervals import compare_throughputs, mean_interval, ratio_interval, t_quantile_975
 
 
 @pytest.mark.parametrize(

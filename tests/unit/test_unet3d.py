@@ -10,7 +10,7 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from dlscale.config import load_run_config
-from dlscale.data.cosmo_config import CosmoDataConfig
+from dlscale.data.cosmo.config import CosmoDataConfig
 from dlscale.errors import ConfigError, InvalidValue
 from dlscale.models.unet3d import UNet3D, count_parameters, size_problem, unet_flops_per_sample
 from dlscale.models.unet3d_config import UNetConfig

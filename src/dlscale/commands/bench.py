@@ -18,8 +18,7 @@ from pathlib import Path
 from dlscale import api
 from dlscale.commands.flags import CONFIG_FLAGS, config_flag_values
 from dlscale.config import RunConfig, load_run_config
-from dlscale.perf.bench import BenchResults
-from dlscale.perf.sweep import (
+from dlscale.perf.bench.sweep import (
     Point,
     file_slug,
     flags_not_swept,
@@ -30,6 +29,7 @@ from dlscale.perf.sweep import (
     sweep_table,
     write_sweep_outputs,
 )
+from dlscale.perf.bench.trials import BenchResults
 from dlscale.report.run_dir import run_directory, setup_logging
 from dlscale.run.bench import bench_one_config, default_sweep_dir
 from dlscale.run.process_group import distributed_run

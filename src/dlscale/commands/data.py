@@ -8,7 +8,7 @@ import logging
 import time
 from pathlib import Path
 
-from dlscale.data.synth_era5 import existing_spec, spec_from_preset, write_synthetic_era5
+from dlscale.data.era5.synth import existing_spec, spec_from_preset, write_synthetic_era5
 from dlscale.data.synth_output import MANIFEST
 from dlscale.report.run_dir import setup_logging
 
@@ -18,9 +18,9 @@ log = logging.getLogger("dlscale.data")
 # The generators of the other workloads: each module has
 # ``generate(out: Path, preset: str, seed: int | None, if_missing: bool, progress) -> Path``.
 GENERATORS = {
-    "synth-cosmo": "dlscale.data.synth_cosmo",
-    "synth-mnist": "dlscale.data.synth_mnist",
-    "synth-cifar": "dlscale.data.synth_cifar",
+    "synth-cosmo": "dlscale.data.cosmo.synth",
+    "synth-mnist": "dlscale.data.mnist.synth",
+    "synth-cifar": "dlscale.data.cifar.synth",
 }
 
 

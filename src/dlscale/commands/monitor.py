@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from dlscale.perf.monitor import NO_GPU_MESSAGE, MetricsSampler, Sample
-from dlscale.perf.monitor_observer import MetricsCsv
+from dlscale.perf.monitor.observer import MetricsCsv
+from dlscale.perf.monitor.sampler import NO_GPU_MESSAGE, MetricsSampler, Sample
 from dlscale.runtime.gpu_metrics import open_gpu_backend
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, then erase the screen

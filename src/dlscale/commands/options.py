@@ -11,9 +11,9 @@ import argparse
 from pathlib import Path
 
 from dlscale.commands.flags import BENCH_TRIALS_GROUP, add_group_flags
-from dlscale.perf.scaling import MODES
+from dlscale.perf.bench.scaling import MODES
 
-# --mode of ``dlscale scaling``; the analysis (dlscale.perf.scaling) checks a mode given from Python with it.
+# --mode of ``dlscale scaling``; the analysis (dlscale.perf.bench.scaling) checks a mode given from Python with it.
 DEFAULT_SCALING_OUT = Path("scaling")
 DEFAULT_GPU_MEMORY_GB = 80.0
 

@@ -4,12 +4,12 @@
         [--set key=value] [--json plan.json]
 
 The ViT has an analytic cost model, its declared parallel plan: every layout with dp * tp * cp == GPUs is
-estimated (the formulas are in :mod:`dlscale.perf.layout_cost`, how they compare with measurements in
-:mod:`dlscale.perf.memory_plan` and benchmarks/plan_vs_measured.py): those that fit come first, least traffic
+estimated (the formulas are in :mod:`dlscale.perf.plan.layout_cost`, how they compare with measurements in
+:mod:`dlscale.perf.plan.layouts` and benchmarks/plan_vs_measured.py): those that fit come first, least traffic
 per step first, then those that do not fit, then those the model cannot be split into, each with its reason.
 
 Every other workload is planned from a trace of its training step on fake tensors
-(:mod:`dlscale.perf.traced_plan`): DDP and FSDP2 over the N GPUs, at the config's batch size, precision and
+(:mod:`dlscale.perf.plan.traced_plan`): DDP and FSDP2 over the N GPUs, at the config's batch size, precision and
 optimizer; it reads one sample of its training data for the shapes. Nothing runs on a GPU, and nothing of the
 model's size is allocated.
 """
@@ -25,9 +25,9 @@ from dlscale.config import load_run_config
 from dlscale.config.run_config import RunConfig
 from dlscale.errors import InvalidValue
 from dlscale.models.vit_config import ViTConfig
-from dlscale.perf.layout_cost import GIB, Layout, ModelShape, TrainingSettings, count_parameters_per_gpu
-from dlscale.perf.memory_plan import LayoutEstimate, Plan, model_shape_of, plan, tutorial_comparisons
-from dlscale.perf.traced_report import TracedPlanContext, traced_plan_document, traced_plan_report
+from dlscale.perf.plan.layout_cost import GIB, Layout, ModelShape, TrainingSettings, count_parameters_per_gpu
+from dlscale.perf.plan.layouts import LayoutEstimate, Plan, model_shape_of, plan, tutorial_comparisons
+from dlscale.perf.plan.traced_report import TracedPlanContext, traced_plan_document, traced_plan_report
 from dlscale.run.config_plan import traced_plan_of
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
@@ -125,7 +125,7 @@ def caveat() -> str:
     return (
         "Not estimated: the caching allocator's reserve and fragmentation, and the temporaries of the "
         "backward pass and of the collectives. For the NERSC tutorial's mp runs (local batch 16) this "
-        f"estimate gives {runs} (see dlscale.perf.memory_plan): treat a layout whose use is near 100% as not "
+        f"estimate gives {runs} (see dlscale.perf.plan.layouts): treat a layout whose use is near 100% as not "
         "fitting."
     )
 

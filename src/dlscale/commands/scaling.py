@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 
 from dlscale.commands.options import DEFAULT_SCALING_OUT
-from dlscale.perf.scaling import analyse_scaling, load_bench_runs, scaling_table, write_scaling_outputs
+from dlscale.perf.bench.scaling import analyse_scaling, load_bench_runs, scaling_table, write_scaling_outputs
 
 
 def output_directory(args: argparse.Namespace) -> Path:

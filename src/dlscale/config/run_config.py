@@ -37,9 +37,9 @@ from dlscale.config.yaml_source import (
 from dlscale.data.loader_config import LoaderConfig
 from dlscale.errors import ConfigError, config_location, did_you_mean
 from dlscale.parallel.parallel_config import ParallelConfig
-from dlscale.perf.bench_config import BenchConfig
-from dlscale.perf.monitor_config import MonitorConfig
-from dlscale.perf.profile_config import ProfileConfig
+from dlscale.perf.bench.config import BenchConfig
+from dlscale.perf.monitor.config import MonitorConfig
+from dlscale.perf.profile.config import ProfileConfig
 from dlscale.report.log_config import LogConfig
 from dlscale.training.optim_config import OptimConfig
 from dlscale.training.train_config import TrainConfig

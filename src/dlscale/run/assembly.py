@@ -27,7 +27,7 @@ from dlscale.errors import ConfigError
 from dlscale.parallel.data_parallel import buffer_synchronizer, wrap_data_parallel
 from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum, report_layout
 from dlscale.perf.flops import Utilization, compute_precision, training_flops_per_sample
-from dlscale.perf.profile import build_profiling
+from dlscale.perf.profile.capture import build_profiling
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.runtime.nvtx import NO_MARKERS

@@ -1,5 +1,5 @@
 """Throughput trials of a whole config: build its run (no checkpoint is read), run benchy's IO / SYNTHETIC / FULL
-trials on it, print the verdict, and write the JSON and the plot (the trials themselves: :mod:`dlscale.perf.bench`).
+trials on it, print the verdict, and write the JSON and the plot (the trials themselves: :mod:`dlscale.perf.bench.trials`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 from dlscale.config import RunConfig
-from dlscale.perf.bench import BenchResults, Clock, run_trials
-from dlscale.perf.bench_config import BenchConfig
-from dlscale.perf.bench_plot import plotted_interval, throughput_figure
-from dlscale.perf.bench_report import (
+from dlscale.perf.bench.config import BenchConfig
+from dlscale.perf.bench.plot import plotted_interval, throughput_figure
+from dlscale.perf.bench.report import (
     TrialSeries,
     Verdict,
     benchy_record,
@@ -31,6 +30,7 @@ from dlscale.perf.bench_report import (
     utilization_line,
     utilization_numbers,
 )
+from dlscale.perf.bench.trials import BenchResults, Clock, run_trials
 from dlscale.report.figures import save_png
 from dlscale.report.run_dir import run_directory, setup_logging
 from dlscale.run.assembly import build_training, describe_run

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from dlscale.config import RunConfig
 from dlscale.errors import ConfigError
-from dlscale.perf.traced_layouts import OptimizerMemory
-from dlscale.perf.traced_memory import TensorSpec
-from dlscale.perf.traced_plan import TracedPlan, plan_data_parallel
+from dlscale.perf.plan.traced_layouts import OptimizerMemory
+from dlscale.perf.plan.traced_memory import TensorSpec
+from dlscale.perf.plan.traced_plan import TracedPlan, plan_data_parallel
 from dlscale.run.assembly import batch_sizes
 from dlscale.workloads import get_workload
 from dlscale.workloads.protocol import Workload

@@ -19,8 +19,8 @@ from dlscale.checkpoint.size import estimate_checkpoint_bytes
 from dlscale.checkpoint.training_state import CheckpointRecovery
 from dlscale.config import RunConfig
 from dlscale.errors import DlscaleError, TrainingDiverged
-from dlscale.perf.memory_report import MemoryReport
-from dlscale.perf.monitor_observer import MonitorObserver
+from dlscale.perf.monitor.memory_lines import MemoryReport
+from dlscale.perf.monitor.observer import MonitorObserver
 from dlscale.report.console import ConsoleReporter
 from dlscale.report.loggers import missing_logger_package
 from dlscale.report.metrics_observer import MetricsReporter

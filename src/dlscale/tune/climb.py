@@ -6,7 +6,7 @@ Starting from the config as it is:
 2. take the first knob of the verdict's group (:mod:`dlscale.tune.knobs`) that was not decided yet, and measure
    the settings with its change;
 3. keep it only when FULL's speed-up over the current settings is faster beyond the noise
-   (:func:`dlscale.perf.trial_statistics.compare_throughputs`); a change that looks worthwhile but is within the
+   (:func:`dlscale.perf.bench.intervals.compare_throughputs`); a change that looks worthwhile but is within the
    noise is measured once more and decided on the pooled trials. A knob that changes the numerics must also
    pass the numerics check: a short training run from the same seed over the same number of samples whose loss
    stays within ``loss_tolerance`` (relative) of the *starting* settings' loss;
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from dlscale.perf.trial_statistics import SpeedComparison, compare_throughputs, mean_interval
+from dlscale.perf.bench.intervals import SpeedComparison, compare_throughputs, mean_interval
 from dlscale.tune.cache import TuneCache, settings_key
 from dlscale.tune.knobs import BATCH_KEY, Candidate, TuneContext, apply_changes, candidates_for
 from dlscale.tune.records import Measurement, NumericsCheck

@@ -18,7 +18,7 @@ class Measurement:
 
     status: MeasurementStatus
     throughputs: dict[str, list[float]] = field(default_factory=dict)
-    verdict: str = "inconclusive"  # the bottleneck the trials point to (dlscale.perf.bench_report)
+    verdict: str = "inconclusive"  # the bottleneck the trials point to (dlscale.perf.bench.report)
     verdict_reason: str = ""
     seconds: float = 0.0  # wall time of the measurement, build included
     peak_memory_gb: float | None = None  # device memory peak of FULL (None on a CPU)

@@ -17,7 +17,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from dlscale.config.yaml_source import dump_yaml
-from dlscale.perf.trial_statistics import mean_interval
+from dlscale.perf.bench.intervals import mean_interval
 from dlscale.tune.climb import TrialRecord, TuneResult
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from dlscale.data.mnist_config import NUM_CLASSES as MNIST_CLASSES
+from dlscale.data.mnist.config import NUM_CLASSES as MNIST_CLASSES
 from dlscale.training.evaluate import ClassCounts, EvalSummary, Evaluator
 from dlscale.training.metrics import MetricSums
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dlscale.data.mnist_config import MNISTDataConfig
+from dlscale.data.mnist.config import MNISTDataConfig
 from dlscale.models.cnn_config import CNNConfig
 from dlscale.workloads.protocol import Workload
 
 if TYPE_CHECKING:
     import torch
 
-    from dlscale.data.mnist import MNISTDataset
+    from dlscale.data.mnist.dataset import MNISTDataset
     from dlscale.models.cnn import MnistCNN
     from dlscale.workloads.classification import MnistEvaluator
 
@@ -33,7 +33,7 @@ class CNNMnist(Workload):
     model_config = CNNConfig
 
     def build_datasets(self, data_cfg: MNISTDataConfig) -> dict[str, MNISTDataset]:
-        from dlscale.data.mnist import MNISTDataset
+        from dlscale.data.mnist.dataset import MNISTDataset
 
         return {"train": MNISTDataset(data_cfg, "train"), "valid": MNISTDataset(data_cfg, "valid")}
 

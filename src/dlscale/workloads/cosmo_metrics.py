@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from dlscale.data.cosmo import CosmoCropDataset
+from dlscale.data.cosmo.dataset import CosmoCropDataset
 from dlscale.errors import ConfigError, did_you_mean
 from dlscale.training.evaluate import EvalSummary, Evaluator, ExampleImage
 from dlscale.training.metrics import MetricSums

@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 import torch
 
-from dlscale.data.era5 import ERA5Dataset
-from dlscale.data.era5_layout import FIELDS_KEY
+from dlscale.data.era5.dataset import ERA5Dataset
+from dlscale.data.era5.layout import FIELDS_KEY
 from dlscale.errors import ConfigError, did_you_mean
 from dlscale.training.evaluate import ChannelSkill, EvalSummary, Evaluator, ExampleImage
 from dlscale.training.metrics import (
@@ -24,7 +24,7 @@ HEADLINE_CHANNEL = "u10"
 DEFAULT_IMAGE_CHANNEL = "t2m"
 
 
-# What each of the 20 channels (dlscale.data.era5_layout.ERA5_CHANNELS, the tutorial's "u10m" is u10) is, and
+# What each of the 20 channels (dlscale.data.era5.layout.ERA5_CHANNELS, the tutorial's "u10m" is u10) is, and
 # its unit: u/v wind components, t temperature, z geopotential (not height), r relative humidity, at a
 # pressure level in hPa or near the surface.
 CHANNEL_QUANTITIES: dict[str, tuple[str, str]] = {

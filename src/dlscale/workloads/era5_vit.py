@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dlscale.data.era5_config import ERA5DataConfig
+from dlscale.data.era5.config import ERA5DataConfig
 from dlscale.models.vit_config import ViTConfig
 from dlscale.workloads.protocol import Workload
 
 if TYPE_CHECKING:
     import torch
 
-    from dlscale.data.era5 import ERA5Dataset
+    from dlscale.data.era5.dataset import ERA5Dataset
     from dlscale.models.vit import VisionTransformer
     from dlscale.workloads.era5_metrics import ERA5Evaluator
 
@@ -32,7 +32,7 @@ class ERA5ViT(Workload):
     model_config = ViTConfig
 
     def build_datasets(self, data_cfg: ERA5DataConfig) -> dict[str, ERA5Dataset]:
-        from dlscale.data.era5 import ERA5Dataset
+        from dlscale.data.era5.dataset import ERA5Dataset
 
         return {"train": ERA5Dataset(data_cfg, "train"), "valid": ERA5Dataset(data_cfg, "valid")}
 

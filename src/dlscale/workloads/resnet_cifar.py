@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dlscale.data.cifar_config import CIFARDataConfig
+from dlscale.data.cifar.config import CIFARDataConfig
 from dlscale.errors import ConfigError
 from dlscale.models.resnet_config import ResNetConfig
 from dlscale.workloads.protocol import Workload
@@ -17,7 +17,7 @@ from dlscale.workloads.protocol import Workload
 if TYPE_CHECKING:
     import torch
 
-    from dlscale.data.cifar import CIFARDataset
+    from dlscale.data.cifar.dataset import CIFARDataset
     from dlscale.models.resnet import ResNet
     from dlscale.workloads.classification import ClassificationEvaluator
 
@@ -33,7 +33,7 @@ class ResNetCIFAR(Workload):
     model_config = ResNetConfig
 
     def build_datasets(self, data_cfg: CIFARDataConfig) -> dict[str, CIFARDataset]:
-        from dlscale.data.cifar import CIFARDataset
+        from dlscale.data.cifar.dataset import CIFARDataset
 
         return {"train": CIFARDataset(data_cfg, "train"), "valid": CIFARDataset(data_cfg, "valid")}
 

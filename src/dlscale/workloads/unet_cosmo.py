@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dlscale.data.cosmo_config import CosmoDataConfig
+from dlscale.data.cosmo.config import CosmoDataConfig
 from dlscale.errors import ConfigError
 from dlscale.models.unet3d_config import UNetConfig
 from dlscale.workloads.protocol import Workload
@@ -18,7 +18,7 @@ from dlscale.workloads.protocol import Workload
 if TYPE_CHECKING:
     import torch
 
-    from dlscale.data.cosmo import CosmoCropDataset
+    from dlscale.data.cosmo.dataset import CosmoCropDataset
     from dlscale.models.unet3d import UNet3D
     from dlscale.workloads.cosmo_metrics import CosmoEvaluator
 
@@ -45,7 +45,7 @@ class UNetCosmo(Workload):
         return UNetCosmo(lambda_rho=model_cfg.lambda_rho)
 
     def build_datasets(self, data_cfg: CosmoDataConfig) -> dict[str, CosmoCropDataset]:
-        from dlscale.data.cosmo import CosmoCropDataset
+        from dlscale.data.cosmo.dataset import CosmoCropDataset
 
         return {"train": CosmoCropDataset(data_cfg, "train"), "valid": CosmoCropDataset(data_cfg, "valid")}
 

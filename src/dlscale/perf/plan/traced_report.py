@@ -1,4 +1,4 @@
-"""What ``dlscale plan`` prints and writes for a traced plan (:mod:`dlscale.perf.traced_plan`): the table of
+"""What ``dlscale plan`` prints and writes for a traced plan (:mod:`dlscale.perf.plan.traced_plan`): the table of
 data-parallel layouts, the sentence about the config's own, the legend and what the estimate leaves out."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import textwrap
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dlscale.perf.layout_cost import GIB
-from dlscale.perf.traced_layouts import OptimizerMemory
-from dlscale.perf.traced_memory import TensorSpec
-from dlscale.perf.traced_plan import MEASURED_RATIO_RANGE, MEASURED_RESULT, TracedPlan, TracedRow
+from dlscale.perf.plan.layout_cost import GIB
+from dlscale.perf.plan.traced_layouts import OptimizerMemory
+from dlscale.perf.plan.traced_memory import TensorSpec
+from dlscale.perf.plan.traced_plan import MEASURED_RATIO_RANGE, MEASURED_RESULT, TracedPlan, TracedRow
 
 COLUMNS = (
     f"  {'layout':<12}  {'batch':>5}  {'params/GPU':>11}  {'states':>6}  {'activ.':>6}  {'inputs':>6}  "

@@ -12,7 +12,7 @@ samples/s. Per N, with B the smallest N measured with gradient sync (or without 
 Weak scaling keeps the local batch (the global batch grows with N); strong scaling keeps the global batch (the
 local batch shrinks). The formulas are the same; the mode is read from the records' batch sizes, checked, and
 named in the outputs. Several records for one (N, noddp) are pooled: mean, std and the 95 % interval of the
-mean over all their trials (:mod:`dlscale.perf.trial_statistics`, as the bench and the tuner use); speed-up and
+mean over all their trials (:mod:`dlscale.perf.bench.intervals`, as the bench and the tuner use); speed-up and
 efficiency carry the Welch interval of the ratio T(N) / T(B) (scaled by B / N for the efficiency), so a
 "90 % efficient" that two noisy trials cannot support reads as such.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlscale.errors import DlscaleError
-from dlscale.perf.trial_statistics import compare_throughputs, mean_interval
+from dlscale.perf.bench.intervals import compare_throughputs, mean_interval
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
 

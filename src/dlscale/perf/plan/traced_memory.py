@@ -1,10 +1,10 @@
 """What one training step of any model holds, found by running it on fake tensors: no memory, no GPU.
 
-``dlscale plan`` cannot have a formula for every model (the ViT's is :mod:`dlscale.perf.layout_cost`), so for
+``dlscale plan`` cannot have a formula for every model (the ViT's is :mod:`dlscale.perf.plan.layout_cost`), so for
 the others it builds the model and runs one forward pass and the loss under ``FakeTensorMode``: every tensor there
 has a shape, a dtype and a device but no data, so a model planned for an 80 GB GPU traces on a laptop in
 seconds. Saved-tensor hooks see each tensor autograd keeps for backward, as
-:func:`dlscale.perf.saved_tensors.measure_saved_tensor_bytes` does on real tensors (the unit tests check that
+:func:`dlscale.perf.plan.saved_tensors.measure_saved_tensor_bytes` does on real tensors (the unit tests check that
 both find the same bytes), and sort the storages: the parameters themselves (no extra memory), activations
 (everything computed from the batch: a dispatch mode follows that through every operator) and the rest, made
 from parameters alone (autocast's half-precision weights). Each storage counts once and whole. A fake
@@ -13,8 +13,8 @@ holding every traced tensor until the trace ends.
 
 The trace follows the CPU's kernels (autocast on the CPU, the CPU's choice of attention kernel): on a GPU the
 same operators save the same tensors, except where a GPU library picks another algorithm (see
-:mod:`dlscale.perf.layout_cost` on attention). What the trace returns is only what depends on the model and
-the batch; per-layout memory (sharding, buckets, optimizer state) is :mod:`dlscale.perf.traced_layouts`.
+:mod:`dlscale.perf.plan.layout_cost` on attention). What the trace returns is only what depends on the model and
+the batch; per-layout memory (sharding, buckets, optimizer state) is :mod:`dlscale.perf.plan.traced_layouts`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlscale.data.era5 import ERA5_CHANNELS
+from dlscale.data.era5.dataset import ERA5_CHANNELS
 
 # Mode truncation: meridional (n) and zonal (m) wavenumbers. Low enough that fields are smooth on a patch.
 MERIDIONAL_MODES = 6

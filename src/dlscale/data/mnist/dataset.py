@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dlscale.data.mnist_config import IMAGE_SIDE, NUM_CLASSES, MNISTDataConfig
+from dlscale.data.mnist.config import IMAGE_SIDE, NUM_CLASSES, MNISTDataConfig
 from dlscale.errors import DataError
 
 IMAGES_MAGIC = 2051

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dlscale.data.mnist import IMAGES_MAGIC, LABELS_MAGIC, SPLIT_FILES
-from dlscale.data.mnist_config import IMAGE_SIDE, NUM_CLASSES
+from dlscale.data.mnist.config import IMAGE_SIDE, NUM_CLASSES
+from dlscale.data.mnist.dataset import IMAGES_MAGIC, LABELS_MAGIC, SPLIT_FILES
 from dlscale.data.synth_output import MANIFEST, preset_spec, read_manifest, write_data_set
 from dlscale.errors import DataError
 

@@ -21,10 +21,10 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from dlscale.errors import ConfigError
-from dlscale.perf.bench import BenchResults
-from dlscale.perf.bench_plot import plotted_interval, throughput_figure
-from dlscale.perf.bench_report import TEST_NAMES
-from dlscale.perf.trial_statistics import mean_interval
+from dlscale.perf.bench.intervals import mean_interval
+from dlscale.perf.bench.plot import plotted_interval, throughput_figure
+from dlscale.perf.bench.report import TEST_NAMES
+from dlscale.perf.bench.trials import BenchResults
 from dlscale.report.figures import save_png
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json

@@ -2,7 +2,7 @@
 
 ``profile.enable_manual_profiling`` marks the step's parts with NVTX ranges and starts the CUDA profiler over
 one window of steps (as the NERSC tutorial does for its 4th epoch), so ``nsys profile -c cudaProfilerApi``
-records only that window. The torch profiler and the line profiler live in :mod:`dlscale.perf.profilers`.
+records only that window. The torch profiler and the line profiler live in :mod:`dlscale.perf.profile.profilers`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlscale.errors import ConfigError
-from dlscale.perf.profile_config import ProfileConfig
-from dlscale.perf.profilers import LineProfileObserver, TorchProfilerObserver, require_line_profiler
+from dlscale.perf.profile.config import ProfileConfig
+from dlscale.perf.profile.profilers import LineProfileObserver, TorchProfilerObserver, require_line_profiler
 from dlscale.runtime import nvtx
 from dlscale.runtime.nvtx import StepMarkers, build_markers
 from dlscale.training.observer import Observer

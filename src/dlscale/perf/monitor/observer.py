@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from dlscale.perf.monitor import NO_GPU_MESSAGE, MetricsSampler, Sample, build_report, summarize
-from dlscale.perf.monitor_config import MonitorConfig
+from dlscale.perf.monitor.config import MonitorConfig
+from dlscale.perf.monitor.sampler import NO_GPU_MESSAGE, MetricsSampler, Sample, build_report, summarize
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.distributed import is_distributed
 from dlscale.runtime.gpu_metrics import GpuReading, open_gpu_backend

@@ -5,7 +5,7 @@ On disk, one HDF5 file per split holds two datasets, channel-first: ``Nbody`` (4
 temperature, velocity x, y, z). Values are pre-normalized to about [-1, 1]; the reader does no normalization.
 
 A sample is a ``data_size``^3 crop at the same corner of both fields (each corner coordinate uniform in
-``[0, L - data_size]``), in one of the 24 cube rotations (:mod:`dlscale.data.orientations`), applied alike to
+``[0, L - data_size]``), in one of the 24 cube rotations (:mod:`dlscale.data.cosmo.orientations`), applied alike to
 input and target, velocity channels included when ``rotate_vectors``. A data set has ``Nsamples`` samples
 (``Nsamples_val`` for validation): that is the length of an epoch, as in the tutorial.
 
@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dlscale.data.cosmo_config import CosmoDataConfig
+from dlscale.data.cosmo.config import CosmoDataConfig
+from dlscale.data.cosmo.orientations import NUM_ORIENTATIONS, orient_array, orient_batch, orient_tensor
 from dlscale.data.normalization import EpochIndex, split_key
-from dlscale.data.orientations import NUM_ORIENTATIONS, orient_array, orient_batch, orient_tensor
 from dlscale.errors import DataError
 
 INPUT_KEY, TARGET_KEY = "Nbody", "Hydro"

@@ -1,8 +1,8 @@
 """The cost model of one dp x tp x cp layout of the ViT: per-GPU memory and per-step communication, without
 any GPU.
 
-:mod:`dlscale.perf.memory_plan` ranks the layouts of a number of GPUs with it (``dlscale plan``); the parallel
-tests reuse :func:`dlscale.perf.saved_tensors.measure_saved_activation_bytes` to check the activation formula
+:mod:`dlscale.perf.plan.layouts` ranks the layouts of a number of GPUs with it (``dlscale plan``); the parallel
+tests reuse :func:`dlscale.perf.plan.saved_tensors.measure_saved_activation_bytes` to check the activation formula
 on real ranks.
 
 The parallel model estimated (see :mod:`dlscale.parallel.vit_parallel`)
@@ -37,7 +37,7 @@ plus, once: the input image cast for the patch convolution (b*C_in*H*W*a; in fp3
 norm's input and statistics, the head's input, and the relative-L2 loss's fp32 difference (b*C_out*H*W*4, on
 every cp rank, since the loss is computed on the gathered output) and two per-sample norms. Under autocast,
 the half-precision copy of every matmul weight is saved for backward too (2 bytes per weight). These terms are
-exactly what :func:`~dlscale.perf.saved_tensors.measure_saved_tensor_bytes` finds on the CPU (the unit
+exactly what :func:`~dlscale.perf.plan.saved_tensors.measure_saved_tensor_bytes` finds on the CPU (the unit
 tests check several shapes in fp32 and bf16, serial and emulated tp/cp ranks).
 
 On a GPU, scaled_dot_product_attention runs flash attention (fp16/bf16) or the memory-efficient kernel (fp32);

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from dlscale.perf.trial_statistics import RatioInterval, mean_interval, ratio_interval
+from dlscale.perf.bench.intervals import RatioInterval, mean_interval, ratio_interval
 
 BOUND_MARGIN = 0.10
 OVERHEAD_MARGIN = 0.20
@@ -171,7 +171,7 @@ def _partial_verdict(io: float | None, synthetic: float | None, full: float | No
 def decide_from_trials(tests: Mapping[str, TrialSeries]) -> Verdict:
     """The verdict of :func:`decide_bottleneck` on the means, kept only when the comparison that names it holds
     beyond the trials' noise: the 95 % interval of the ratio of the two tests it compares
-    (:func:`~dlscale.perf.trial_statistics.ratio_interval`, on the logarithms: the loader and the model step may
+    (:func:`~dlscale.perf.bench.intervals.ratio_interval`, on the logarithms: the loader and the model step may
     run at rates a hundred times apart, and their noise is a fraction of each).
 
     IO-bound needs IO / SYNTHETIC below ``1 - BOUND_MARGIN`` over its whole interval (compute-bound SYNTHETIC /

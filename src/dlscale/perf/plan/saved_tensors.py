@@ -1,4 +1,4 @@
-"""What autograd saves for backward, measured: the ground truth that :mod:`dlscale.perf.layout_cost`'s
+"""What autograd saves for backward, measured: the ground truth that :mod:`dlscale.perf.plan.layout_cost`'s
 activation formula is checked against (on the CPU, serial and on forked parallel ranks)."""
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dlscale.data.cifar import BINARY_DIR, RECORD_BYTES, SPLIT_FILES
-from dlscale.data.cifar_config import IMAGE_SIDE
+from dlscale.data.cifar.config import IMAGE_SIDE
+from dlscale.data.cifar.dataset import BINARY_DIR, RECORD_BYTES, SPLIT_FILES
 from dlscale.data.synth_output import MANIFEST, preset_spec, read_manifest, write_data_set
 from dlscale.errors import DataError
 

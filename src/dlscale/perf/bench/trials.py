@@ -29,12 +29,12 @@ from typing import Any
 import torch
 
 from dlscale.errors import DataError
-from dlscale.perf.bench_config import BenchConfig
-from dlscale.perf.bench_report import (
+from dlscale.perf.bench.config import BenchConfig
+from dlscale.perf.bench.report import (
     TrialSeries,
     Verdict,
 )
-from dlscale.perf.monitor import MetricsSampler, summarize
+from dlscale.perf.monitor.sampler import MetricsSampler, summarize
 from dlscale.runtime.distributed import barrier
 from dlscale.runtime.gpu_metrics import open_gpu_backend
 from dlscale.training.training_setup import TrainingSetup

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from dlscale.data.cifar_config import IMAGE_SIDE, NUM_CLASSES, CIFARDataConfig
+from dlscale.data.cifar.config import IMAGE_SIDE, NUM_CLASSES, CIFARDataConfig
 from dlscale.errors import DataError
 
 log = logging.getLogger("dlscale.data")

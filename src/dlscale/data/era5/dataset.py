@@ -28,10 +28,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dlscale.data.era5_config import ERA5DataConfig
-from dlscale.data.era5_layout import ERA5_CHANNELS, FIELDS_KEY, latitudes, load_stats, scan_split
-from dlscale.data.hdf5_slabs import SlabReader
-from dlscale.data.mapped_fields import MappedFields, choose_read_method
+from dlscale.data.era5.config import ERA5DataConfig
+from dlscale.data.era5.hdf5_slabs import SlabReader
+from dlscale.data.era5.layout import ERA5_CHANNELS, FIELDS_KEY, latitudes, load_stats, scan_split
+from dlscale.data.era5.mapped_fields import MappedFields, choose_read_method
 from dlscale.data.normalization import ChannelNormalizer
 from dlscale.errors import DataError
 
@@ -51,7 +51,7 @@ class ERA5Dataset(Dataset):
     """(input, target) tensors of shape (n_in, H, W) and (n_out, H, W) from one split of ERA5 files.
 
     All files are checked (and closed again) at construction, where ``data.read_method`` is resolved into
-    ``read_method`` ("mmap" or "hdf5"; see :mod:`dlscale.data.mapped_fields`). Each process opens (and maps)
+    ``read_method`` ("mmap" or "hdf5"; see :mod:`dlscale.data.era5.mapped_fields`). Each process opens (and maps)
     the files lazily, read-only, on first use, so DataLoader workers never share an HDF5 handle, whether
     forked or spawned.
     """

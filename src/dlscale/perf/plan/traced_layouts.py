@@ -1,4 +1,4 @@
-"""Per-GPU memory of a traced training step (:mod:`dlscale.perf.traced_memory`) on dp data-parallel GPUs, with
+"""Per-GPU memory of a traced training step (:mod:`dlscale.perf.plan.traced_memory`) on dp data-parallel GPUs, with
 DDP or FSDP2: the model's states by optimizer and layout, plus what the trace found.
 
 Model states (bytes on the busiest rank)
@@ -17,7 +17,7 @@ Model states (bytes on the busiest rank)
 
 The activations (tensors saved for backward), the batch (what of it autograd does not save itself) and the
 weight copies (autocast's casts) come from the trace, at the local batch; the CUDA allowance is
-:data:`dlscale.perf.layout_cost.CUDA_ALLOWANCE_BYTES`.
+:data:`dlscale.perf.plan.layout_cost.CUDA_ALLOWANCE_BYTES`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import math
 from dataclasses import dataclass
 
 from dlscale.errors import InvalidValue
-from dlscale.perf.layout_cost import CUDA_ALLOWANCE_BYTES, MemoryEstimate
-from dlscale.perf.traced_memory import ParameterInfo, TracedStep
+from dlscale.perf.plan.layout_cost import CUDA_ALLOWANCE_BYTES, MemoryEstimate
+from dlscale.perf.plan.traced_memory import ParameterInfo, TracedStep
 
 STEP_COUNT_BYTES = 4  # the fp32 ``step`` scalar of Adam, AdamW and Adadelta, one per parameter tensor
 # Tensors of a parameter's size that each optimizer keeps per parameter (SGD: 1 with momentum, else 0).

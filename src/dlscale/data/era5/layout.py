@@ -1,6 +1,6 @@
 """ERA5 on disk: the `data:` config section, and checks of the split directories and stats files.
 
-`dlscale.data.era5` builds the dataset on top of these; see its docstring for the layout and the indexing.
+`dlscale.data.era5.dataset` builds the dataset on top of these; see its docstring for the layout and the indexing.
 Everything here opens files only inside `with` blocks, so no HDF5 handle outlives a call.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from dlscale.data.era5_config import ERA5DataConfig
+from dlscale.data.era5.config import ERA5DataConfig
 from dlscale.data.npy_files import read_npy_array
 from dlscale.errors import DataError
 from dlscale.runtime.file_status import NOT_FOUND, why_not_a_file

@@ -5,7 +5,7 @@
     OUT/stats/time_means.npy                                      (1, 20, H, W), over the training years
     OUT/manifest.json                                             how it was generated (written last)
 
-The years form one continuous 6-hourly trajectory of :class:`~dlscale.data.synth_atmosphere.SyntheticAtmosphere`
+The years form one continuous 6-hourly trajectory of :class:`~dlscale.data.era5.atmosphere.SyntheticAtmosphere`
 (training years first, then validation, then test), so validation and test states were never seen in training.
 Files are written in time chunks, so data sets far larger than memory (the benchmark's full-size set) are fine.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from dlscale.data.era5 import ERA5_CHANNELS
-from dlscale.data.synth_atmosphere import Grid, SyntheticAtmosphere
+from dlscale.data.era5.atmosphere import Grid, SyntheticAtmosphere
+from dlscale.data.era5.dataset import ERA5_CHANNELS
 from dlscale.data.synth_output import preset_spec, read_manifest, write_data_set
 from dlscale.errors import DataError
 

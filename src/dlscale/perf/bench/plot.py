@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 
-from dlscale.perf.bench_report import TEST_NAMES, TrialSeries
-from dlscale.perf.trial_statistics import mean_interval
+from dlscale.perf.bench.intervals import mean_interval
+from dlscale.perf.bench.report import TEST_NAMES, TrialSeries
 
 
 def throughput_figure(

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from h5py import h5d
 
-from dlscale.data.era5_layout import FIELDS_KEY
+from dlscale.data.era5.layout import FIELDS_KEY
 from dlscale.errors import DataError
 
 # The file systems ``auto`` maps files on: local disks and memory. Anything else (Lustre, GPFS, NFS, BeeGFS,

@@ -1,10 +1,10 @@
 """``dlscale plan`` for a workload that has no cost model of its own: its data-parallel layouts on N GPUs (DDP
 and FSDP2 over all N), each estimated from one trace of its training step on fake tensors.
 
-The ViT keeps :mod:`dlscale.perf.memory_plan`, whose analytic model also covers tensor and context
+The ViT keeps :mod:`dlscale.perf.plan.layouts`, whose analytic model also covers tensor and context
 parallelism; a workload gets tp/cp rows only with such a model. Here the model is whatever the workload builds: the trace
-(:mod:`dlscale.perf.traced_memory`) finds what its forward saves at the local batch, and
-:mod:`dlscale.perf.traced_layouts` adds the model's states for each layout. Nothing is allocated, so a model
+(:mod:`dlscale.perf.plan.traced_memory`) finds what its forward saves at the local batch, and
+:mod:`dlscale.perf.plan.traced_layouts` adds the model's states for each layout. Nothing is allocated, so a model
 far larger than this machine's memory is planned as quickly as a small one.
 
 How close it comes: benchmarks/plan_vs_measured_workloads.py measures the peak of real training steps on the
@@ -24,8 +24,8 @@ from typing import Any
 from torch import nn
 
 from dlscale.errors import InvalidValue
-from dlscale.perf.layout_cost import CUDA_ALLOWANCE_BYTES, GIB
-from dlscale.perf.traced_layouts import (
+from dlscale.perf.plan.layout_cost import CUDA_ALLOWANCE_BYTES, GIB
+from dlscale.perf.plan.traced_layouts import (
     DataParallelLayout,
     OptimizerMemory,
     TracedMemory,
@@ -33,7 +33,7 @@ from dlscale.perf.traced_layouts import (
     layout_problems,
     shard_elements,
 )
-from dlscale.perf.traced_memory import LossFunction, TensorSpec, TracedStep, UnitsOf, trace_training_step
+from dlscale.perf.plan.traced_memory import LossFunction, TensorSpec, TracedStep, UnitsOf, trace_training_step
 
 # Estimate / measured peak of a CPU training step, lowest and highest over the cases of
 # benchmarks/results/2026-11-24-cpu-plan-vs-measured-workloads.json.

@@ -1,7 +1,7 @@
 """Every dp x tp x cp layout of N GPUs estimated and ranked (what ``dlscale plan`` prints), and the check of
 the estimate against the NERSC tutorial's measurements.
 
-The memory and communication of one layout come from :mod:`dlscale.perf.layout_cost`, whose docstring holds
+The memory and communication of one layout come from :mod:`dlscale.perf.plan.layout_cost`, whose docstring holds
 the parallel model and the formulas.
 
 Checked against the NERSC tutorial (A100 80 GB, config ``mp``, local batch 16, fp16, fused Adam)
@@ -39,7 +39,7 @@ from typing import Any
 
 from dlscale.errors import ConfigError, InvalidValue
 from dlscale.models.vit_config import ViTConfig
-from dlscale.perf.layout_cost import (
+from dlscale.perf.plan.layout_cost import (
     GIB,
     CommEstimate,
     Layout,
@@ -234,7 +234,7 @@ def model_shape_of(cfg: Any) -> ModelShape:
     if not isinstance(cfg.model, ViTConfig):
         raise ConfigError(
             f"{cfg.where}: the analytic dp x tp x cp plan models the ViT; workload {cfg.workload!r} "
-            f"has a {type(cfg.model).__name__} model (plan it with dlscale.perf.traced_plan)"
+            f"has a {type(cfg.model).__name__} model (plan it with dlscale.perf.plan.traced_plan)"
         )
     return ModelShape.from_config(
         cfg.model, cfg.data.img_size, cfg.data.n_in_channels, cfg.data.n_out_channels

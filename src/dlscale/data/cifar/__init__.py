@@ -1,0 +1,1 @@
+"""CIFAR-100: the binary-version reader, its ``data:`` section, and ``dlscale data synth-cifar``."""

@@ -1,0 +1,1 @@
+"""MNIST: the idx-file reader, its ``data:`` section, and ``dlscale data synth-mnist``."""

@@ -1,0 +1,2 @@
+"""Memory planning before a run (``dlscale plan``): the ViT's cost model of every dp x tp x cp layout, and for
+any other model a traced step on fake tensors (what autograd saves, per GPU, per layout)."""
