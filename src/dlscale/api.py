@@ -6,6 +6,9 @@
     print(summary["final"]["val_loss"])
     results = dlscale.bench("heat2d", "examples/heat2d/heat2d.yaml", "demo", nbatches=20)
     tuned = dlscale.tune("configs/vit_era5.yaml", "demo", budget_minutes=20)   # tuned.tuned_yaml, .result
+    dlscale.export("runs/demo/00", "exports/demo")          # the model without the run: weights, stats, program
+    exported = dlscale.load_model("exports/demo")           # .model, .normalize, .denormalize, .config
+    metrics = dlscale.evaluate("runs/demo/00", split="test", checkpoint="best")   # its eval/.../metrics.json
 
 ``workload`` is what the config's ``workload:`` key would say (a built-in name, an installed package's name, an
 import path ``package.module:OBJECT``), a workload object itself (one defined in the notebook), or None for the
@@ -25,8 +28,12 @@ from typing import Any
 
 from dlscale.config import RunConfig, load_run_config
 from dlscale.config.yaml_source import DEFAULT_YAML
+from dlscale.exported.loader import ExportedModel
+from dlscale.exported.loader import load_model as load_exported_model
+from dlscale.exported.writer import ExportSummary, export_run
 from dlscale.perf.bench.trials import BenchResults
 from dlscale.run.bench import bench_one_config
+from dlscale.run.evaluation import evaluate_checkpoint
 from dlscale.run.process_group import distributed_run
 from dlscale.run.training import train_and_summarize
 from dlscale.runtime.device import Device
@@ -90,6 +97,26 @@ def bench_config(cfg: RunConfig, output: Path | None = None, command: str | None
         return results
 
 
+def evaluate(
+    run_dir_or_checkpoint: str | Path,
+    split: str = "valid",
+    checkpoint: str | Path | None = None,
+    overrides: Sequence[str] = (),
+) -> dict[str, Any]:
+    """``dlscale evaluate``: a trained checkpoint's metrics on a held-out ``split`` (``valid``, ``test``), through
+    the workload's own evaluator; the ``metrics.json`` document (strict JSON values: NaN is None).
+
+    ``run_dir_or_checkpoint`` is a run directory (its ``config.yaml`` and, per ``checkpoint``, its
+    ``ckpt_latest.pt`` by default, ``"best"`` or a file's path) or a checkpoint file. ``overrides`` are ``--set``
+    strings for any key but those that define the weights (``"data.root=/scratch/era5"``). Rank 0 writes
+    ``<run dir>/eval/<split>-<checkpoint>/`` (metrics.json, metrics.csv and the run's figures).
+    """
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    choice = str(checkpoint) if checkpoint is not None else None
+    return evaluate_checkpoint(run_dir_or_checkpoint, split, choice, overrides)
+
+
 def tune(
     yaml_config: str | Path = DEFAULT_YAML,
     config: str = "base",
@@ -108,3 +135,29 @@ def tune(
     path = Path(out).expanduser() if out is not None else default_out(config)
     options = TuneOptions(budget_s=budget_minutes * 60, loss_tolerance=loss_tolerance)
     return run_tune(source, path, options, TrialLengths(), f"dlscale.tune({config!r})")
+
+
+def export(
+    run_dir_or_checkpoint: str | Path,
+    out: str | Path,
+    checkpoint: str | Path | None = None,
+    force: bool = False,
+) -> ExportSummary:
+    """``dlscale export``: a checkpoint's model as a directory ``out`` that works without the run: the weights
+    (``model.safetensors``), the resolved config, the normalization statistics (``stats/*.npy``), a torch.export
+    program (``model.pt2``) and ``manifest.json``. ``checkpoint``: ``"latest"`` (default), ``"best"`` or a file.
+    An existing ``out`` is replaced only with ``force`` (and only an earlier export). Load it with
+    :func:`load_model`."""
+    choice = str(checkpoint) if checkpoint is not None else None
+    return export_run(run_dir_or_checkpoint, out, choice, force)
+
+
+def load_model(directory: str | Path) -> ExportedModel:
+    """The model exported to ``directory`` (every file checked against the manifest's sha256): ``.model`` (a plain
+    torch module in eval mode), ``.config``, ``.workload``, ``.stats`` and ``.normalize`` / ``.denormalize``.
+
+        exported = dlscale.load_model("exports/demo")
+        with torch.no_grad():
+            forecast = exported.denormalize(exported.model(exported.normalize(fields)))
+    """
+    return load_exported_model(directory)

@@ -7,6 +7,8 @@ dlscale data synth-era5 --out data/era5_demo --preset demo
 dlscale config --yaml_config configs/vit_era5.yaml --config short     # the resolved config
 dlscale info                                                           # versions and device
 dlscale plan --yaml_config configs/vit_era5.yaml --config mp --gpus 4   # memory/traffic of each dp x tp x cp
+dlscale export runs/short/00 --out exports/short                        # the model without the run
+dlscale evaluate runs/short/00 --split test --checkpoint best            # metrics on held-out data (eval/)
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dlscale.commands.flags import (
 )
 from dlscale.commands.options import (
     add_bench_arguments,
+    add_evaluate_arguments,
+    add_export_arguments,
     add_monitor_arguments,
     add_plan_arguments,
     add_scaling_arguments,
@@ -126,6 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     plan.set_defaults(run="dlscale.commands.plan:run_plan_command")
     add_config_arguments(plan)
     add_plan_arguments(plan)
+
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="a trained checkpoint's metrics on the valid or test split, with the run's figures (eval/)",
+    )
+    evaluate.set_defaults(run="dlscale.commands.evaluate:run_evaluate")
+    add_evaluate_arguments(evaluate)
+
+    export = commands.add_parser(
+        "export",
+        help="a checkpoint's model without the run: safetensors weights, config, normalization statistics, a "
+        "torch.export program",
+    )
+    export.set_defaults(run="dlscale.commands.export:run_export_command")
+    add_export_arguments(export)
 
     info = commands.add_parser("info", help="versions and the device dlscale would train on")
     info.set_defaults(run="dlscale.commands.info:run_info")

@@ -41,6 +41,10 @@ class CheckpointError(DlscaleError):
     """A checkpoint cannot be read, or does not fit the model or run it is loaded into."""
 
 
+class ExportError(DlscaleError):
+    """A model export cannot be written where asked, or an exported model's directory is incomplete or changed."""
+
+
 class TrainingDiverged(DlscaleError):
     """The loss or the gradients became NaN or infinite and the divergence policy stopped the run."""
 

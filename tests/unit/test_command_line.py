@@ -52,7 +52,7 @@ import contextlib, io, json, sys
 from dlscale.cli import build_parser, main
 build_parser()
 outputs = {}
-for argv in (["--help"], ["--version"], ["train", "--help"], ["bench", "--help"]):
+for argv in (["--help"], ["--version"], ["train", "--help"], ["bench", "--help"], ["evaluate", "--help"]):
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
         main(argv)
@@ -65,11 +65,12 @@ print(json.dumps({"heavy": heavy, "outputs": outputs}))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["heavy"] == []
-    for command in ("train", "data", "config", "bench", "scaling", "monitor", "plan", "info"):
+    for command in ("train", "data", "config", "bench", "scaling", "monitor", "plan", "evaluate", "info"):
         assert command in report["outputs"]["--help"]
     assert report["outputs"]["--version"].startswith("dlscale ")
     assert "--num_data_workers" in report["outputs"]["train --help"]
     assert "--nbatches" in report["outputs"]["bench --help"]
+    assert "RUN_DIR|CHECKPOINT" in report["outputs"]["evaluate --help"]
 
 
 def test_only_the_entry_points_import_the_cli_module():

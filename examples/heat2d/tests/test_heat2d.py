@@ -196,6 +196,17 @@ def test_both_splits_are_normalized_with_the_training_statistics(tiny_data: Heat
         assert abs(float(normalized.std(unbiased=False)) - 1) < 1e-5
 
 
+def test_the_normalization_stats_map_raw_fields_to_the_samples_and_back(tiny_data: Heat2DDataConfig):
+    """What `dlscale export` saves: (x - input_mean) / input_std of the raw (u, kappa) is the sample's input, bit
+    for bit, and y * output_std + output_mean of its target is the next frame's temperature."""
+    stats = {name: torch.from_numpy(array) for name, array in WORKLOAD.normalization_stats(tiny_data).items()}
+    inputs, target = Heat2DDataset(tiny_data, "valid")[0]
+    with h5py.File(tiny_data.path("valid"), "r") as handle:
+        u, kappa = torch.from_numpy(handle["u"][0, 0:2]), torch.from_numpy(handle["kappa"][0])
+    assert torch.equal((torch.stack([u[0], kappa]) - stats["input_mean"]) / stats["input_std"], inputs)
+    torch.testing.assert_close(target * stats["output_std"] + stats["output_mean"], u[1:2])
+
+
 def test_a_data_set_pickles_without_its_file_handle(tiny_data: Heat2DDataConfig):
     data = Heat2DDataset(tiny_data, "valid")
     first = data[0]

@@ -109,12 +109,12 @@ def checkpoint_file(path: Path) -> Path:
                 return candidate
         raise CheckpointError(
             f"checkpoint.resume: {path} is a directory without {CheckpointDir.LATEST_NAME} (nor "
-            f"checkpoints/{CheckpointDir.LATEST_NAME}){_what_directory_holds(path)}; {RESUME_EXPECTS}"
+            f"checkpoints/{CheckpointDir.LATEST_NAME}){what_directory_holds(path)}; {RESUME_EXPECTS}"
         )
     raise CheckpointError(f"checkpoint.resume: {path} does not exist; {RESUME_EXPECTS}")
 
 
-def _what_directory_holds(path: Path) -> str:
+def what_directory_holds(path: Path) -> str:
     """', but holds ckpt_best.pt: ...' for a directory of checkpoints without a latest one, else what the
     directory looks like ('it is empty', 'it holds HDF5 files (a data directory?)')."""
     others = (
@@ -122,6 +122,12 @@ def _what_directory_holds(path: Path) -> str:
     )
     if others:
         return f", but holds {', '.join(p.name for p in others)}: continue from one with --resume {others[0]}"
+    return directory_contents(path)
+
+
+def directory_contents(path: Path) -> str:
+    """What a directory without checkpoints holds, for the messages that refuse it: ': it is empty', ': it holds
+    HDF5 files (a data directory?), no checkpoint', ': it holds a, b/, c, ... and no checkpoint'."""
     try:
         entries = list(path.iterdir())
         nested = [f for d in entries if d.is_dir() for f in d.iterdir()]  # e.g. a data set's train/, valid/
@@ -255,6 +261,18 @@ def check_config_changes(saved: dict[str, Any], record: RunRecord, source: str, 
     changes += refused
     if changes:
         log.warning("%s: resuming with a changed config (%s)", source, "; ".join(changes))
+
+
+def weight_key_changes(
+    saved: dict[str, Any], current: dict[str, Any], weight_keys: frozenset[str]
+) -> list[str]:
+    """``key: saved -> current`` for each of ``weight_keys`` whose value differs between two resolved configs
+    (a key that one of them lacks, written by another dlscale version, is left out)."""
+    return [
+        f"{key}: {old!r} -> {new!r}"
+        for key, old, new in _flat_differences(saved, current)
+        if key in weight_keys and old is not _ABSENT and new is not _ABSENT
+    ]
 
 
 def weight_defining_keys(model_cfg: Any, data_cfg: Any) -> frozenset[str]:

@@ -1,4 +1,4 @@
-"""The options of ``dlscale bench``, ``scaling``, ``monitor`` and ``plan`` that set no config key.
+"""The options of ``dlscale bench``, ``scaling``, ``monitor``, ``plan`` and ``evaluate`` that set no config key.
 
 They live apart from the command bodies so that :func:`dlscale.cli.build_parser` imports neither torch nor a
 command's module: ``dlscale --help`` stays fast. The options that set config keys are in
@@ -90,6 +90,34 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write every row as JSON to FILE")
 
 
+def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dlscale evaluate``."""
+    parser.add_argument(
+        "target",
+        metavar="RUN_DIR|CHECKPOINT",
+        help="a run directory (its config.yaml and checkpoints/) or a checkpoint file",
+    )
+    parser.add_argument(
+        "--split",
+        default="valid",
+        help="the held-out split: valid (default) or test (ERA5's test/ years; MNIST's and CIFAR's test set, "
+        "which the runs validate on), or another split the workload offers",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        metavar="best|latest|PATH",
+        help="which checkpoint of RUN_DIR: latest (default), best, or a checkpoint file's path",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change a config key, e.g. --set data.root=/scratch/era5 (not the keys that define the weights); "
+        "repeatable",
+    )
+
+
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``dlscale tune`` (the parser already has the config arguments and the tutorials' flags)."""
     group = parser.add_argument_group("tune")
@@ -145,4 +173,25 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
         dest="confirm",
         action="store_false",
         help="skip the last measurement of the start and the result side by side",
+    )
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dlscale export``."""
+    parser.add_argument(
+        "source",
+        metavar="RUN_DIR|CHECKPOINT",
+        help="a run directory (runs/<config>/<run_num>), its checkpoints/ directory, or a checkpoint file",
+    )
+    parser.add_argument(
+        "--out", required=True, type=Path, metavar="DIR", help="the directory to write (must not exist)"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        metavar="best|latest|PATH",
+        help="which checkpoint of RUN_DIR: latest (default), best, or a checkpoint file (a path, or a name in "
+        "its checkpoints/)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace DIR if it holds an earlier export (or is empty)"
     )

@@ -18,6 +18,7 @@ tutorials' own YAML files are written (``lr: 5E-4`` means ``optim: {lr: 5E-4}``)
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -150,7 +151,25 @@ def load_run_config(
     ``workload:`` (a name or an import path).
     """
     yaml_path = locate_config_file(yaml_path)
-    document = read_config_file(yaml_path)
+    return _run_config(read_config_file(yaml_path), yaml_path, config_name, overrides, flag_values, workload)
+
+
+def recorded_run_config(
+    resolved: dict[str, Any], config_name: str, source: str, overrides: list[str] | tuple[str, ...] = ()
+) -> RunConfig:
+    """A config recorded as :meth:`RunConfig.to_dict` (a checkpoint's ``config`` entry), with ``--set``
+    overrides; ``source`` names where it was recorded, for messages."""
+    return _run_config({config_name: copy.deepcopy(resolved)}, Path(source), config_name, overrides)
+
+
+def _run_config(
+    document: dict[str, Any],
+    yaml_path: Path,
+    config_name: str,
+    overrides: list[str] | tuple[str, ...] = (),
+    flag_values: dict[str, Any] | None = None,
+    workload: str | None = None,
+) -> RunConfig:
     where = config_location(str(yaml_path), config_name)
     # The workload decides the data and model sections, so it is read first (it is never a flat key).
     if workload is None:

@@ -248,15 +248,18 @@ def _text_inches(texts: Sequence[str], fontsize: float) -> float:
     return 0.6 * fontsize / 72 * max((len(text) for text in texts), default=0)
 
 
-def validation_figures(validation: EvalSummary, title: str = "") -> dict[str, Figure]:
+def validation_figures(
+    validation: EvalSummary, title: str = "", samples: str = "validation"
+) -> dict[str, Figure]:
     """Every figure of one validation, by file stem (``prediction_vs_target``, ``skill_vs_<baseline>``,
     ``class_accuracy``, ``confusion_matrix``): those the workload's evaluator asked for by what it put in its
-    summary. ``title`` (e.g. "epoch 3") starts each figure's title."""
+    summary. ``title`` (e.g. "epoch 3") starts each figure's title; ``samples`` says whose samples they are
+    ("first validation sample", "first test sample")."""
     lead = f"{title}, " if title else ""
     figures: dict[str, Figure] = {}
     if validation.example is not None:
         figures["prediction_vs_target"] = prediction_figure(
-            validation.example, f"{lead}first validation sample"
+            validation.example, f"{lead}first {samples} sample"
         )
     if validation.channel_skill is not None:
         baseline = validation.channel_skill.baseline_name
@@ -265,10 +268,10 @@ def validation_figures(validation: EvalSummary, title: str = "") -> dict[str, Fi
         )
     counts = validation.class_counts
     if counts is not None:
-        samples = f"{int(counts.confusion.sum())} validation samples"
-        figures["class_accuracy"] = class_accuracy_figure(counts, f"{lead}per-class accuracy, {samples}")
+        counted = f"{int(counts.confusion.sum())} {samples} samples"
+        figures["class_accuracy"] = class_accuracy_figure(counts, f"{lead}per-class accuracy, {counted}")
         if counts.num_classes <= MAX_CONFUSION_CLASSES:
-            figures["confusion_matrix"] = confusion_figure(counts, f"{lead}confusion matrix, {samples}")
+            figures["confusion_matrix"] = confusion_figure(counts, f"{lead}confusion matrix, {counted}")
     return figures
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import TextIO
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from tqdm import tqdm
 
@@ -106,3 +107,65 @@ class ProgressReporter(Observer):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class PassProgress:
+    """One pass over ``batches`` (an evaluation) with its progress: on a terminal a bar that appears once the
+    pass has taken ``delay_s`` (a pass of a few seconds shows none), in a batch log a plain line every
+    ``interval_s`` seconds (``mode`` as ``log.progress``: auto, bar, lines or none)."""
+
+    def __init__(
+        self,
+        batches: Any,
+        what: str,
+        mode: str = "auto",
+        interval_s: float = 30.0,
+        stream: TextIO = sys.stderr,
+        delay_s: float = 3.0,
+    ):
+        self.batches = batches
+        self.what = what
+        self.mode = choose_progress_mode(mode, stream)
+        self.interval_s = interval_s
+        self.stream = stream
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        total = len(self.batches) if hasattr(self.batches, "__len__") else None
+        bar = None
+        if self.mode == "bar":
+            bar = tqdm(
+                total=total,
+                desc=self.what,
+                unit="batch",
+                file=self.stream,
+                leave=False,
+                dynamic_ncols=True,
+                delay=self.delay_s,
+            )
+        started = last_line = time.perf_counter()
+        try:
+            for done, batch in enumerate(self.batches, 1):
+                yield batch  # counted once the consumer asks for the next one: this one is done
+                if bar is not None:
+                    bar.update(1)
+                elif self.mode == "lines" and time.perf_counter() - last_line >= self.interval_s:
+                    last_line = time.perf_counter()
+                    log.info("%s", self.status_line(done, total, last_line - started))
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def status_line(self, done: int, total: int | None, elapsed: float) -> str:
+        """e.g. ``test split: batch 120/256 (47%), 4.1 batches/s, ETA 33s``."""
+        rate = done / elapsed if elapsed > 0 else 0.0
+        if total is None:
+            return f"{self.what}: batch {done}, {rate:.3g} batches/s"
+        eta = format_duration((total - done) / rate) if rate > 0 else "?"
+        return (
+            f"{self.what}: batch {done}/{total} ({100 * done / max(total, 1):.0f}%), {rate:.3g} batches/s, "
+            f"ETA {eta}"
+        )

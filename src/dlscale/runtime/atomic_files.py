@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -36,6 +37,44 @@ def write_atomically(path: Path, fill: Callable[[Path], None]) -> None:
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     fsync_directory(path.parent)
+
+
+def write_directory_atomically(path: Path, fill: Callable[[Path], None]) -> None:
+    """Have ``fill(tmp)`` fill a new temporary directory beside ``path``, then put it in ``path``'s place.
+
+    A directory of several files that belong together (an evaluation's metrics and figures): readers see the
+    previous directory or the complete new one, never a mix. A previous ``path`` is renamed aside and removed
+    once the new one is in place (between the two renames, for an instant, neither is there). On any exception
+    the temporary directory is removed, ``path`` is left as it was, and the exception propagates.
+    """
+    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+    tmp, old = (path.with_name(f".{path.name}.{kind}-{tag}") for kind in ("tmp", "old"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.mkdir()
+        fill(tmp)
+        for entry in tmp.iterdir():
+            if entry.is_file():
+                fsync_file(entry)
+        if path.is_dir() and not path.is_symlink():
+            os.replace(path, old)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.is_dir() and not path.exists():
+            os.replace(old, path)  # put the previous one back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    fsync_directory(path.parent)
+
+
+def fsync_file(path: Path) -> None:
+    """Flush ``path``'s data to disk (before a rename makes it visible under its final name)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 _TEMPORARY_NAME = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]+$")

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from dlscale.data.mnist.config import MNISTDataConfig
 from dlscale.models.cnn_config import CNNConfig
-from dlscale.workloads.protocol import Workload
+from dlscale.workloads.protocol import Workload, split_not_offered
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from dlscale.data.mnist.dataset import MNISTDataset
@@ -37,6 +38,15 @@ class CNNMnist(Workload):
 
         return {"train": MNISTDataset(data_cfg, "train"), "valid": MNISTDataset(data_cfg, "valid")}
 
+    def build_split(self, data_cfg: MNISTDataConfig, split: str) -> MNISTDataset:
+        """``test`` (or ``valid``, the same): MNIST's test images (t10k), which the run validates on."""
+        from dlscale.data.mnist.dataset import MNISTDataset
+
+        if split not in ("valid", "test"):
+            offered = ["test (MNIST's test images, the run's validation set)"]
+            raise split_not_offered(self.name, split, offered)
+        return MNISTDataset(data_cfg, "valid")
+
     def build_model(self, model_cfg: CNNConfig, data_cfg: MNISTDataConfig) -> MnistCNN:
         from dlscale.models.cnn import MnistCNN
 
@@ -52,6 +62,16 @@ class CNNMnist(Workload):
 
         # ``image_channel`` (log.image_channel) names a channel of gridded outputs; a classifier has none.
         return MnistEvaluator()
+
+    def normalization_stats(self, data_cfg: MNISTDataConfig) -> dict[str, np.ndarray]:
+        """``data.mean`` and ``data.std`` as float32 (1, 1, 1) arrays: inputs are pixels on the [0, 1] scale
+        (the idx file's bytes / 255); the outputs are log-probabilities, which need no conversion."""
+        import numpy as np
+
+        return {
+            "input_mean": np.full((1, 1, 1), data_cfg.mean, dtype=np.float32),
+            "input_std": np.full((1, 1, 1), data_cfg.std, dtype=np.float32),
+        }
 
     def describe_model(self, model: MnistCNN) -> str:
         from dlscale.models.cnn import count_parameters

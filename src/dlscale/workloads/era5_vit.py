@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 
 from dlscale.data.era5.config import ERA5DataConfig
 from dlscale.models.vit_config import ViTConfig
-from dlscale.workloads.protocol import Workload
+from dlscale.workloads.protocol import Workload, split_not_offered
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from dlscale.data.era5.dataset import ERA5Dataset
@@ -35,6 +36,22 @@ class ERA5ViT(Workload):
         from dlscale.data.era5.dataset import ERA5Dataset
 
         return {"train": ERA5Dataset(data_cfg, "train"), "valid": ERA5Dataset(data_cfg, "valid")}
+
+    def build_split(self, data_cfg: ERA5DataConfig, split: str) -> ERA5Dataset:
+        """``valid``, or ``test``: the held-out years of ``data.inf_data_path`` (the tutorial's ``test/``)."""
+        from dlscale.data.era5.dataset import ERA5Dataset
+
+        keys = {"valid": "valid_data_path", "test": "inf_data_path"}
+        if split not in keys:
+            raise split_not_offered(self.name, split, list(keys))
+        directory = data_cfg.path(keys[split])
+        if not directory.is_dir():
+            where = f"data.{keys[split]}={getattr(data_cfg, keys[split])!r} with data.root={data_cfg.root!r}"
+            why = (
+                f"{directory} is no directory of *.h5 files ({where}; --set data.root=DIR if the data moved)"
+            )
+            raise split_not_offered(self.name, split, list(keys), why)
+        return ERA5Dataset(data_cfg, split)
 
     def build_model(self, model_cfg: ViTConfig, data_cfg: ERA5DataConfig) -> VisionTransformer:
         from dlscale.models.vit import VisionTransformer
@@ -70,6 +87,21 @@ class ERA5ViT(Workload):
         from dlscale.workloads.era5_metrics import ERA5Evaluator
 
         return ERA5Evaluator(valid_dataset, image_channel)
+
+    def normalization_stats(self, data_cfg: ERA5DataConfig) -> dict[str, np.ndarray]:
+        """The per-channel means and standard deviations of ``data.global_means_path`` and ``global_stds_path``
+        that the data set normalizes with, as float32 (C, 1, 1): the first n_in_channels for the inputs, the
+        first n_out_channels for the outputs (fields in their physical units, as in the HDF5 files)."""
+        from dlscale.data.era5.dataset import ERA5Dataset
+
+        dataset = ERA5Dataset(data_cfg, "valid")  # reads and checks the stats files as training does
+        n_out = data_cfg.n_out_channels
+        return {
+            "input_mean": dataset.means.reshape(-1, 1, 1),
+            "input_std": dataset.stds.reshape(-1, 1, 1),
+            "output_mean": dataset.means[:n_out].reshape(-1, 1, 1),
+            "output_std": dataset.stds[:n_out].reshape(-1, 1, 1),
+        }
 
     def describe_model(self, model: VisionTransformer) -> str:
         from dlscale.models.vit import count_parameters

@@ -27,9 +27,19 @@ Optional members, and what dlscale does without them:
   :class:`dlscale.training.evaluate.Evaluator`; call ``reduce_across_ranks`` so data-parallel ranks agree).
   Default: :class:`~dlscale.training.loss_evaluator.LossEvaluator`, the mean validation loss per sample and,
   for ``(batch, channels, H, W)`` outputs, the prediction-vs-target image of one channel.
+* ``build_split(data_cfg, split) -> Dataset``: the data set of one held-out split for ``dlscale evaluate``
+  (``valid``, ``test``, or any other name the workload knows). Default: that entry of ``build_datasets``, so a
+  workload whose ``build_datasets`` also returns ``"test"`` offers it; a split it has not is one line naming
+  what it offers (:func:`split_not_offered`).
 * ``describe_model(model) -> str``: one line for the run's log (default: the class and parameter count).
 * ``configured(model_cfg, data_cfg) -> Workload``: a copy bound to a run's config (a loss or metrics with
   parameters). Default: the workload itself.
+* ``normalization_stats(data_cfg) -> {name: numpy array}``: what ``dlscale export`` saves beside the weights so
+  that an exported model normalizes raw inputs and denormalizes its outputs without the data set
+  (:func:`dlscale.load_model`): ``input_mean``, ``input_std`` (the model reads ``(x - input_mean) / input_std``)
+  and ``output_mean``, ``output_std`` (its outputs in the data's units are ``y * output_std + output_mean``),
+  each broadcasting against one sample, e.g. ``(channels, 1, 1)``; a missing pair is no such step. Default:
+  none (the model reads the data as it is and its outputs need no conversion).
 * ``forward_flops_per_sample(model_cfg, data_cfg) -> int | None``: analytic forward FLOPs of one sample, for
   TFLOP/s and MFU. Default None: counted once with ``torch.utils.flop_counter`` on one batch.
 * ``fsdp_units(model) -> Sequence[nn.Module]``: submodules FSDP2 shards one by one (a transformer's blocks),
@@ -54,7 +64,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from dlscale.errors import ConfigError
+from dlscale.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     import torch
@@ -92,6 +102,13 @@ class Workload(Protocol):
 
         return LossEvaluator(self.loss, image_channel)
 
+    def build_split(self, data_cfg: Any, split: str) -> Dataset:
+        """The data set of ``split`` for ``dlscale evaluate``; default: that entry of ``build_datasets``."""
+        datasets = self.build_datasets(data_cfg)
+        if split == "train" or split not in datasets:
+            raise split_not_offered(self.name, split, [name for name in datasets if name != "train"])
+        return datasets[split]
+
     def describe_model(self, model: torch.nn.Module) -> str:
         """One line about the model for the start of the run's log."""
         parameters = sum(p.numel() for p in model.parameters())
@@ -114,6 +131,21 @@ class Workload(Protocol):
         """Submodules that FSDP2 shards as units of their own before the whole model (default: none)."""
         return ()
 
+    def normalization_stats(self, data_cfg: Any) -> Mapping[str, Any]:
+        """Named numpy arrays that normalize inputs and denormalize outputs of an exported model (default: none)."""
+        return {}
+
     def forward_flops_per_sample(self, model_cfg: Any, data_cfg: Any) -> int | None:
         """Analytic forward FLOPs of one sample, or None to count them (the default)."""
         return None
+
+
+def split_not_offered(workload: str, split: str, offered: Sequence[str], why: str = "") -> DataError:
+    """The one line for a split that ``dlscale evaluate`` cannot read: ``why`` (e.g. the directory that is
+    missing), and the held-out splits the workload offers."""
+    if split == "train" and not why:
+        why = "evaluation reads held-out data, never the training samples"
+    reason = f": {why}" if why else ""
+    return DataError(
+        f"no {split!r} split to evaluate{reason}; workload {workload!r} offers {', '.join(offered) or 'none'}"
+    )

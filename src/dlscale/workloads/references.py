@@ -50,11 +50,13 @@ REQUIRED_MEMBERS: dict[str, str] = {
 OPTIONAL_MEMBERS = (
     "name",
     "evaluator",
+    "build_split",
     "describe_model",
     "configured",
     "parallelize",
     "fsdp_units",
     "forward_flops_per_sample",
+    "normalization_stats",
 )
 
 

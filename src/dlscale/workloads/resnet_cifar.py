@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 from dlscale.data.cifar.config import CIFARDataConfig
 from dlscale.errors import ConfigError
 from dlscale.models.resnet_config import ResNetConfig
-from dlscale.workloads.protocol import Workload
+from dlscale.workloads.protocol import Workload, split_not_offered
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from dlscale.data.cifar.dataset import CIFARDataset
@@ -36,6 +37,14 @@ class ResNetCIFAR(Workload):
         from dlscale.data.cifar.dataset import CIFARDataset
 
         return {"train": CIFARDataset(data_cfg, "train"), "valid": CIFARDataset(data_cfg, "valid")}
+
+    def build_split(self, data_cfg: CIFARDataConfig, split: str) -> CIFARDataset:
+        """``test`` (or ``valid``, the same): CIFAR's test.bin, which the run validates on."""
+        from dlscale.data.cifar.dataset import CIFARDataset
+
+        if split not in ("valid", "test"):
+            raise split_not_offered(self.name, split, ["test (test.bin, the run's validation set)"])
+        return CIFARDataset(data_cfg, "valid")
 
     def build_model(self, model_cfg: ResNetConfig, data_cfg: CIFARDataConfig) -> ResNet:
         from dlscale.models.resnet import ResNet
@@ -67,6 +76,16 @@ class ResNetCIFAR(Workload):
         return ClassificationEvaluator(
             valid_dataset.num_classes, per_sample_cross_entropy, valid_dataset.class_names
         )
+
+    def normalization_stats(self, data_cfg: CIFARDataConfig) -> dict[str, np.ndarray]:
+        """``data.mean`` and ``data.std`` as float32 (3, 1, 1) arrays: inputs are RGB images on the [0, 1] scale,
+        already of the model's size (``data.resize``); the outputs are logits, which need no conversion."""
+        import numpy as np
+
+        return {
+            "input_mean": np.asarray(data_cfg.mean, dtype=np.float32).reshape(3, 1, 1),
+            "input_std": np.asarray(data_cfg.std, dtype=np.float32).reshape(3, 1, 1),
+        }
 
     def describe_model(self, model: ResNet) -> str:
         from dlscale.models.resnet import count_parameters

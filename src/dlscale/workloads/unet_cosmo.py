@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from dlscale.data.cosmo.config import CosmoDataConfig
 from dlscale.errors import ConfigError
 from dlscale.models.unet3d_config import UNetConfig
-from dlscale.workloads.protocol import Workload
+from dlscale.workloads.protocol import Workload, split_not_offered
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +48,15 @@ class UNetCosmo(Workload):
         from dlscale.data.cosmo.dataset import CosmoCropDataset
 
         return {"train": CosmoCropDataset(data_cfg, "train"), "valid": CosmoCropDataset(data_cfg, "valid")}
+
+    def build_split(self, data_cfg: CosmoDataConfig, split: str) -> CosmoCropDataset:
+        """``valid``: the crops of the validation volume (``data.val_path``), the data's one held-out volume."""
+        from dlscale.data.cosmo.dataset import CosmoCropDataset
+
+        if split != "valid":
+            why = "the data has one held-out volume, the validation volume (data.val_path)"
+            raise split_not_offered(self.name, split, ["valid"], why if split != "train" else "")
+        return CosmoCropDataset(data_cfg, "valid")
 
     def build_model(self, model_cfg: UNetConfig, data_cfg: CosmoDataConfig) -> UNet3D:
         from dlscale.models.unet3d import UNet3D, size_problem
