@@ -191,12 +191,13 @@ def test_a_run_directory_without_a_checkpoint_is_refused_with_what_it_holds(tmp_
     (run / "out.log").write_text("")
     out = tmp_path / "new" / "export"
     err = refused(capsys, str(run), "--out", str(out))
-    assert f"{run} has no checkpoints/ckpt_latest.pt: its checkpoints/ directory is empty" in err
+    assert f"{run}: no checkpoint to export (no checkpoints/ckpt_latest.pt): it holds" in err
+    assert "config.yaml" in err and "dlscale export takes a run directory" in err
     data = tmp_path / "data"
     (data / "train").mkdir(parents=True)
     (data / "train" / "1979.h5").write_bytes(b"\x89HDF\r\n\x1a\n")
     err = refused(capsys, str(data), "--out", str(out))
-    assert f"{data} has no ckpt_latest.pt (nor checkpoints/ckpt_latest.pt): it holds HDF5 files" in err
+    assert f"{data}: no checkpoint to export (no checkpoints/ckpt_latest.pt): it holds HDF5 files" in err
     assert not (tmp_path / "new").exists()  # nothing written, not even the parent of --out
 
 
@@ -209,9 +210,9 @@ def test_files_that_are_no_dlscale_checkpoint_are_refused(tiny_era5, tmp_path, c
     torch.save({"w": torch.zeros(2)}, bare)
     err = refused(capsys, str(bare), "--out", str(out))
     assert f"{bare}: is not a dlscale checkpoint" in err and "a bare model state_dict" in err
-    assert "dlscale export expects a run directory" in err
+    assert "dlscale export takes a run directory" in err
     err = refused(capsys, str(tmp_path / "missing"), "--out", str(out))
-    assert f"{tmp_path / 'missing'}: does not exist" in err
+    assert f"{tmp_path / 'missing'} does not exist; dlscale export takes" in err
     assert not out.exists()
 
 
@@ -220,7 +221,7 @@ def test_best_without_ckpt_best_is_refused(era5_run, tmp_path, capsys):
     (run / "checkpoints").mkdir(parents=True)
     shutil.copy(era5_run / "checkpoints" / "ckpt_latest.pt", run / "checkpoints")
     err = refused(capsys, str(run), "--out", str(tmp_path / "export"), "--checkpoint", "best")
-    assert f"{run} has no checkpoints/ckpt_best.pt, but holds ckpt_latest.pt" in err
+    assert f"{run}: has no checkpoints/ckpt_best.pt for --checkpoint best; it holds ckpt_latest.pt" in err
     assert "export one with --checkpoint latest" in err
     assert not (tmp_path / "export").exists()
 

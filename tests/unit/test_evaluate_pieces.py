@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlscale.checkpoint.evaluation_source import check_fits, evaluation_source
 from dlscale.checkpoint.files import save_checkpoint
+from dlscale.checkpoint.selection import check_fits, choose_checkpoint
 from dlscale.config import load_run_config
 from dlscale.config.run_config import recorded_run_config
 from dlscale.errors import CheckpointError, DataError
@@ -45,18 +45,18 @@ def run_directory(root: Path, *names: str) -> Path:
 
 def test_a_run_directory_names_its_latest_or_best_checkpoint_and_its_config(tmp_path):
     run = run_directory(tmp_path / "run", "ckpt_latest.pt", "ckpt_best.pt")
-    latest = evaluation_source(run)
+    latest = choose_checkpoint(run)
     assert latest.checkpoint == run / "checkpoints" / "ckpt_latest.pt" and latest.name == "ckpt_latest"
     assert latest.config_file == run / "config.yaml" and latest.output_dir == run
-    assert evaluation_source(run, "best").checkpoint == run / "checkpoints" / "ckpt_best.pt"
-    assert evaluation_source(run / "checkpoints").run_dir == run  # its checkpoints/ names it too
+    assert choose_checkpoint(run, "best").checkpoint == run / "checkpoints" / "ckpt_best.pt"
+    assert choose_checkpoint(run / "checkpoints").run_dir == run  # its checkpoints/ names it too
     other = save_checkpoint({"model": {}}, tmp_path / "elsewhere" / "ckpt_step00000004.pt")
-    chosen = evaluation_source(run, str(other))
+    chosen = choose_checkpoint(run, str(other))
     assert (chosen.checkpoint, chosen.run_dir, chosen.name) == (other, run, "ckpt_step00000004")
     # a file alone: the run directory it is in, or (outside of one) its own directory and recorded config
-    inside = evaluation_source(run / "checkpoints" / "ckpt_best.pt")
+    inside = choose_checkpoint(run / "checkpoints" / "ckpt_best.pt")
     assert (inside.run_dir, inside.output_dir) == (run, run)
-    alone = evaluation_source(other)
+    alone = choose_checkpoint(other)
     assert (alone.run_dir, alone.config_file, alone.output_dir) == (None, None, other.parent)
 
 
@@ -74,7 +74,7 @@ def test_a_run_directory_names_its_latest_or_best_checkpoint_and_its_config(tmp_
 def test_a_missing_checkpoint_is_one_line_naming_what_is_there(tmp_path, present, choice, expected):
     run = run_directory(tmp_path / "run", *present)
     with pytest.raises(CheckpointError) as raised:
-        evaluation_source(run, choice)
+        choose_checkpoint(run, choice)
     message = str(raised.value)
     assert "\n" not in message and expected in message, message
 
@@ -82,13 +82,13 @@ def test_a_missing_checkpoint_is_one_line_naming_what_is_there(tmp_path, present
 def test_a_file_with_a_checkpoint_choice_nothing_and_a_data_file_are_refused(tmp_path):
     run = run_directory(tmp_path / "run", "ckpt_latest.pt")
     with pytest.raises(CheckpointError, match="is a checkpoint file, and --checkpoint best chooses"):
-        evaluation_source(run / "checkpoints" / "ckpt_latest.pt", "best")
+        choose_checkpoint(run / "checkpoints" / "ckpt_latest.pt", "best")
     with pytest.raises(CheckpointError, match="does not exist; dlscale evaluate takes a run directory"):
-        evaluation_source(tmp_path / "no_such_run")
+        choose_checkpoint(tmp_path / "no_such_run")
     data = tmp_path / "1981.h5"
     data.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
     with pytest.raises(CheckpointError, match=r"is not a dlscale checkpoint \(an HDF5 file"):
-        evaluation_source(data)
+        choose_checkpoint(data)
 
 
 # ------------------------------------------------------------------------------ does the config fit it

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from dlscale.checkpoint.evaluation_source import EvaluationSource, check_fits, evaluation_source
 from dlscale.checkpoint.files import load_checkpoint, load_model_state
 from dlscale.checkpoint.resume import weight_defining_keys
+from dlscale.checkpoint.selection import ChosenCheckpoint, check_fits, choose_checkpoint
 from dlscale.checkpoint.sharded_state import local_model_state
 from dlscale.config import RunConfig, load_run_config
 from dlscale.config.run_config import recorded_run_config
@@ -60,7 +60,7 @@ LAYOUT_DEFAULTS = ("parallel.tensor_parallel=1", "parallel.context_parallel=1")
 class Evaluation:
     """An evaluation with everything checked that can be checked before the model is built."""
 
-    source: EvaluationSource
+    source: ChosenCheckpoint
     payload: dict[str, Any]  # the checkpoint
     config: RunConfig
     workload: Workload
@@ -77,7 +77,7 @@ def evaluate_checkpoint(
     target: str | Path, split: str = "valid", checkpoint: str | None = None, overrides: Sequence[str] = ()
 ) -> dict[str, Any]:
     """Evaluate the checkpoint ``target`` and ``checkpoint`` name (see
-    :func:`dlscale.checkpoint.evaluation_source.evaluation_source`) on ``split``, on every rank of the launch;
+    :func:`dlscale.checkpoint.selection.choose_checkpoint`) on ``split``, on every rank of the launch;
     the ``metrics.json`` document. Bad input raises a DlscaleError before anything is written."""
     process = detect_process()
     with early_logging(process.is_main):
@@ -92,7 +92,7 @@ def evaluate_checkpoint(
 def prepare(target: Path, split: str, checkpoint: str | None, overrides: tuple[str, ...]) -> Evaluation:
     """Find the checkpoint and its config, and refuse one that does not fit the config (another workload, or
     keys that define the weights changed by ``--set`` or by another run's config)."""
-    source = evaluation_source(target, checkpoint)
+    source = choose_checkpoint(target, checkpoint, "evaluate")
     payload = load_checkpoint(source.checkpoint)
     if "model" not in payload:
         raise CheckpointError(f"{source.checkpoint}: has no 'model' entry; there are no weights to evaluate")
@@ -105,7 +105,7 @@ def prepare(target: Path, split: str, checkpoint: str | None, overrides: tuple[s
 
 
 def evaluation_config(
-    source: EvaluationSource, payload: dict[str, Any], overrides: tuple[str, ...]
+    source: ChosenCheckpoint, payload: dict[str, Any], overrides: tuple[str, ...]
 ) -> RunConfig:
     """The run directory's ``config.yaml`` or, without one, the config the checkpoint recorded; with
     ``overrides`` after the evaluation's layout defaults."""

@@ -1,9 +1,11 @@
-"""Which checkpoint ``dlscale evaluate`` reads, the run directory around it, and whether a config fits it.
+"""Which checkpoint a command that reads a finished run (``dlscale evaluate``, ``dlscale export``) takes, the run
+directory around it, and whether a config fits it.
 
 ``dlscale evaluate RUN_DIR`` reads the run's ``checkpoints/ckpt_latest.pt`` (``--checkpoint best`` its
-``ckpt_best.pt``, ``--checkpoint PATH`` any file) with the run's ``config.yaml``; ``dlscale evaluate FILE`` reads
-a checkpoint file, with the ``config.yaml`` of the run directory it is in, if it is in one. The results go to
-``eval/`` in the run directory (beside the file when it is in none).
+``ckpt_best.pt``, ``--checkpoint PATH`` any file, also one named relative to ``checkpoints/``) with the run's
+``config.yaml``; ``dlscale evaluate FILE`` reads a checkpoint file, with the ``config.yaml`` of the run directory
+it is in, if it is in one. ``dlscale export`` chooses the same way. What is not a checkpoint is refused before
+anything is built, naming what it looks like and what the command expects.
 """
 
 from __future__ import annotations
@@ -19,15 +21,19 @@ from dlscale.errors import CheckpointError
 
 CONFIG_FILE = "config.yaml"
 CHOICES = ("latest", "best")  # what --checkpoint takes besides a path
-EXPECTS = (
-    "dlscale evaluate takes a run directory (holding checkpoints/ and config.yaml) or a checkpoint file that "
-    "dlscale wrote"
-)
+
+
+def expects(command: str) -> str:
+    """What ``dlscale COMMAND`` takes, for the end of its messages."""
+    return (
+        f"dlscale {command} takes a run directory (holding checkpoints/ and config.yaml) or a checkpoint file "
+        "that dlscale wrote (ckpt_latest.pt, ckpt_best.pt, ckpt_step*.pt)"
+    )
 
 
 @dataclass(frozen=True)
-class EvaluationSource:
-    """The checkpoint to evaluate and where its config and results are."""
+class ChosenCheckpoint:
+    """The checkpoint a command reads, and where its config and results are."""
 
     checkpoint: Path
     run_dir: Path | None  # whose config.yaml the evaluation reads (None: the config the checkpoint recorded)
@@ -46,47 +52,50 @@ class EvaluationSource:
         return self.run_dir / CONFIG_FILE
 
 
-def evaluation_source(target: Path, checkpoint: str | None = None) -> EvaluationSource:
+def choose_checkpoint(
+    target: Path, checkpoint: str | None = None, command: str = "evaluate"
+) -> ChosenCheckpoint:
     """The checkpoint that ``target`` (a run directory, its ``checkpoints/`` or a checkpoint file) and
-    ``checkpoint`` (``latest``, the default; ``best``; or a file's path) name; CheckpointError, naming what
-    is there instead, when there is none."""
+    ``checkpoint`` (``latest``, the default; ``best``; or a file's path) name for ``dlscale COMMAND``;
+    CheckpointError, naming what is there instead, when there is none."""
     if target.is_file():
         if checkpoint is not None:
             raise CheckpointError(
                 f"{target} is a checkpoint file, and --checkpoint {checkpoint} chooses among a run directory's "
                 "checkpoints: give the run directory with --checkpoint, or the file alone"
             )
-        run_dir = run_directory_of(checked_file(target))
-        return EvaluationSource(target, run_dir, run_dir or target.parent)
+        run_dir = run_directory_of(checked_file(target, command))
+        return ChosenCheckpoint(target, run_dir, run_dir or target.parent)
     if not target.is_dir():
-        raise CheckpointError(f"{target} does not exist; {EXPECTS}")
+        raise CheckpointError(f"{target} does not exist; {expects(command)}")
     nested = target.name == "checkpoints" and not (target / "checkpoints").is_dir()
     run_dir = target.parent if nested else target
     checkpoints = CheckpointDir(run_dir / "checkpoints")
     choice = checkpoint or "latest"
     if choice not in CHOICES:
         path = Path(choice).expanduser()
-        if not path.is_file():
-            what = "is not a file" if path.exists() else "does not exist"
-            raise CheckpointError(
-                f"--checkpoint {choice}: {what}; --checkpoint takes {' or '.join(CHOICES)} (of {run_dir}) or "
-                "the path of a checkpoint file"
-            )
-        return EvaluationSource(checked_file(path), run_dir, run_dir)
+        for candidate in (path, checkpoints.directory / path):  # also a file named as it is in checkpoints/
+            if candidate.is_file():
+                return ChosenCheckpoint(checked_file(candidate, command), run_dir, run_dir)
+        what = "is not a file" if path.exists() else "does not exist"
+        raise CheckpointError(
+            f"--checkpoint {choice}: {what}; --checkpoint takes {' or '.join(CHOICES)} (of {run_dir}) or "
+            "the path of a checkpoint file"
+        )
     path = checkpoints.latest_path if choice == "latest" else checkpoints.best_path
     if path.is_file():
-        return EvaluationSource(path, run_dir, run_dir)
+        return ChosenCheckpoint(path, run_dir, run_dir)
     present = checkpoints.other_checkpoints(include_latest=True)
     if present:
         other = "best" if choice == "latest" else "latest"
         advice = other if checkpoints_named(checkpoints, other).is_file() else str(present[0])
         raise CheckpointError(
             f"{run_dir}: has no checkpoints/{path.name} for --checkpoint {choice}; it holds "
-            f"{', '.join(p.name for p in present)}: evaluate one with --checkpoint {advice}"
+            f"{', '.join(p.name for p in present)}: {command} one with --checkpoint {advice}"
         )
     raise CheckpointError(
-        f"{run_dir}: no checkpoint to evaluate (no checkpoints/{path.name}){what_directory_holds(run_dir)}; "
-        f"{EXPECTS}"
+        f"{run_dir}: no checkpoint to {command} (no checkpoints/{path.name}){what_directory_holds(run_dir)}; "
+        f"{expects(command)}"
     )
 
 
@@ -95,12 +104,12 @@ def checkpoints_named(checkpoints: CheckpointDir, choice: str) -> Path:
     return checkpoints.latest_path if choice == "latest" else checkpoints.best_path
 
 
-def checked_file(path: Path) -> Path:
+def checked_file(path: Path, command: str = "evaluate") -> Path:
     """``path``, unless it is plainly no checkpoint (an HDF5 file, a text file...); a damaged checkpoint is
     left to the loader, which says what is wrong with it."""
     kind = foreign_file_kind(path)
     if kind is not None:
-        raise CheckpointError(f"{path} is not a dlscale checkpoint ({kind}); {EXPECTS}")
+        raise CheckpointError(f"{path} is not a dlscale checkpoint ({kind}); {expects(command)}")
     return path
 
 
@@ -127,7 +136,7 @@ def check_fits(
     if saved is not None and saved != workload:
         raise CheckpointError(
             f"{checkpoint}: is a checkpoint of workload {saved!r} (config {meta.get('config_name', '?')!r}), and "
-            f"{where} is of workload {workload!r}; evaluate it with its own run directory, or give --checkpoint "
+            f"{where} is of workload {workload!r}; use it with its own run directory, or give --checkpoint "
             f"a checkpoint of a {workload!r} run"
         )
     recorded = payload.get("config")
