@@ -100,9 +100,8 @@ class DivergenceGuard:
         self._healthy_since_skip: int | None = None  # steps trained normally since the last skipped one
         self._diverged_at: list[int] = []  # the steps this process has diverged at (rollback retries them)
         if self.policy.on_nonfinite == "skip" and self.spikes.enabled:
-            setup.step.spike_check = (
-                self.spikes.is_spike
-            )  # the step leaves a spiking update out, as a NaN one
+            # The step leaves a spiking update out, as it does a NaN one (it decides before the update).
+            setup.step.spike_check = self.spikes.is_spike
 
     def record_step(self, loss: torch.Tensor) -> bool:
         """Note the step just trained (before ``progress`` counts it); False when its update was skipped, so its
