@@ -161,15 +161,22 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
         raise NotADlscaleCheckpoint(
             f"{path}: is not a dlscale checkpoint (it {found}, expected '{CHECKPOINT_FORMAT}'){hint}"
         )
-    version = document.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise CheckpointError(f"{path}: has an invalid checkpoint version {version!r} (expected an int >= 1)")
-    if version > CHECKPOINT_VERSION:
-        raise CheckpointError(
-            f"{path}: was written by a newer dlscale (checkpoint version {version}; this dlscale reads up to "
-            f"version {CHECKPOINT_VERSION}); upgrade dlscale to load it"
-        )
+    check_format_version(
+        path, document.get("version"), CHECKPOINT_VERSION, "checkpoint version", CheckpointError
+    )
     return document
+
+
+def check_format_version(path: Path, version: Any, newest: int, what: str, error: type[Exception]) -> None:
+    """Refuse a file whose format version ``what`` is no int >= 1, or is newer than this dlscale reads (``newest``),
+    with ``error`` naming ``path`` (checkpoints and exports alike)."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise error(f"{path}: has an invalid {what} {version!r} (expected an int >= 1)")
+    if version > newest:
+        raise error(
+            f"{path}: was written by a newer dlscale ({what} {version}; this dlscale reads up to {newest}); "
+            "upgrade dlscale to load it"
+        )
 
 
 def foreign_file_kind(path: Path) -> str | None:

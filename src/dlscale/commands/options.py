@@ -90,23 +90,31 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write every row as JSON to FILE")
 
 
+def add_checkpoint_choice(parser: argparse.ArgumentParser, dest: str) -> None:
+    """The checkpoint a command reads (``dlscale evaluate``, ``dlscale export``), as
+    :func:`dlscale.checkpoint.selection.choose_checkpoint` chooses it: RUN_DIR|CHECKPOINT and --checkpoint."""
+    parser.add_argument(
+        dest,
+        metavar="RUN_DIR|CHECKPOINT",
+        help="a run directory (runs/<config>/<run_num>, holding config.yaml and checkpoints/), its checkpoints/ "
+        "directory, or a checkpoint file",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        metavar="best|latest|PATH",
+        help="which checkpoint of RUN_DIR: latest (default), best, or a checkpoint file (a path, or a name in "
+        "its checkpoints/)",
+    )
+
+
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``dlscale evaluate``."""
-    parser.add_argument(
-        "target",
-        metavar="RUN_DIR|CHECKPOINT",
-        help="a run directory (its config.yaml and checkpoints/) or a checkpoint file",
-    )
+    add_checkpoint_choice(parser, "target")
     parser.add_argument(
         "--split",
         default="valid",
         help="the held-out split: valid (default) or test (ERA5's test/ years; MNIST's and CIFAR's test set, "
         "which the runs validate on), or another split the workload offers",
-    )
-    parser.add_argument(
-        "--checkpoint",
-        metavar="best|latest|PATH",
-        help="which checkpoint of RUN_DIR: latest (default), best, or a checkpoint file's path",
     )
     parser.add_argument(
         "--set",
@@ -178,19 +186,9 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``dlscale export``."""
-    parser.add_argument(
-        "source",
-        metavar="RUN_DIR|CHECKPOINT",
-        help="a run directory (runs/<config>/<run_num>), its checkpoints/ directory, or a checkpoint file",
-    )
+    add_checkpoint_choice(parser, "source")
     parser.add_argument(
         "--out", required=True, type=Path, metavar="DIR", help="the directory to write (must not exist)"
-    )
-    parser.add_argument(
-        "--checkpoint",
-        metavar="best|latest|PATH",
-        help="which checkpoint of RUN_DIR: latest (default), best, or a checkpoint file (a path, or a name in "
-        "its checkpoints/)",
     )
     parser.add_argument(
         "--force", action="store_true", help="replace DIR if it holds an earlier export (or is empty)"

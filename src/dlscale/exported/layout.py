@@ -19,6 +19,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from dlscale.checkpoint.files import check_format_version
 from dlscale.errors import ExportError
 
 EXPORT_FORMAT = "dlscale-export"
@@ -64,14 +65,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != EXPORT_FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise ExportError(f"{path}: is not the manifest of a dlscale export (format {found!r})")
-    version = manifest.get("format_version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ExportError(f"{path}: has an invalid format_version {version!r} (expected an int >= 1)")
-    if version > EXPORT_VERSION:
-        raise ExportError(
-            f"{path}: was written by a newer dlscale (export format {version}; this dlscale reads up to "
-            f"{EXPORT_VERSION}); upgrade dlscale to load it"
-        )
+    check_format_version(
+        path, manifest.get("format_version"), EXPORT_VERSION, "export format_version", ExportError
+    )
     files = manifest.get("files")
     if not isinstance(files, dict) or not all(isinstance(e, dict) for e in files.values()):
         raise ExportError(f"{path}: has no valid 'files' table (name -> sha256)")

@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from dlscale.errors import ConfigError
 from dlscale.runtime.atomic_files import write_text_atomically
-from dlscale.runtime.storage import as_storage_error
+from dlscale.runtime.storage import ReportedWrites
 
 STEPS_CSV = Path("metrics") / "steps.csv"  # relative to the run directory
 EPOCHS_CSV = Path("metrics") / "epochs.csv"
@@ -99,7 +99,8 @@ class CsvLogger:
         self.path = path
         self.columns: list[str] | None = None
         self._file: io.TextIOWrapper | None = None
-        self._failed = False
+        # the directory is named if creating it fails
+        self._writes = ReportedWrites(lambda: self.path)
         with self._writes():
             self._open(start_step)
 
@@ -124,26 +125,7 @@ class CsvLogger:
         file, self._file = self._file, None
         if file is None:
             return
-        if self._failed:
-            # The failure was reported where it happened; closing flushes the same bytes and would repeat it.
-            with contextlib.suppress(OSError):
-                file.close()
-            return
-        with self._writes():
-            file.close()
-
-    @contextlib.contextmanager
-    def _writes(self) -> Iterator[None]:
-        """A failed write (a full disk, a quota) as one StorageError line naming this file: the OSError of a
-        failed write() names no file."""
-        try:
-            yield
-        except OSError as exc:
-            storage = as_storage_error(exc, exc.filename or self.path)  # the directory, if creating it failed
-            if storage is None:
-                raise
-            self._failed = True
-            raise storage from exc
+        self._writes.close(file.close)
 
     def _open(self, start_step: int | None) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,15 +14,14 @@ persistence``, a classifier's ``Visualization, class accuracy`` and, for up to 2
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
-from dlscale.runtime.storage import as_storage_error
+from dlscale.runtime.storage import ReportedWrites
 
 # The thread that writes a SummaryWriter's events. Another tensorboard may lack it: then that thread's failures
 # print as Python prints them, and are still reported as one line by the thread that logs.
@@ -44,12 +43,14 @@ class TensorBoardLogger:
         self.directory = directory
         self.writer: SummaryWriter | None = None
         self.event_file: Path | None = None  # the file this logger writes now (one per opening)
-        self._failed = False
+        self._writes = ReportedWrites(
+            lambda: self.event_file or self.directory, "cannot write TensorBoard events"
+        )
         self._open(start_step)
 
     def _open(self, start_step: int) -> None:
         quiet_event_writer_threads()  # before the writer's thread starts: its first write may fail too
-        self._failed = False
+        self._writes.failed = False  # a new writer and event file
         with self._writes():
             # purge_step hides the events that an earlier, interrupted attempt wrote after the step this run
             # continues from (all of them when it starts from scratch), so a curve never shows two points for
@@ -82,26 +83,7 @@ class TensorBoardLogger:
         writer, self.writer = self.writer, None
         if writer is None:
             return
-        if self._failed:
-            # The failure was reported where it happened; closing flushes again and would only repeat it.
-            with contextlib.suppress(OSError):
-                writer.close()
-            return
-        with self._writes():
-            writer.close()
-
-    @contextlib.contextmanager
-    def _writes(self) -> Iterator[None]:
-        """A failed write as one StorageError line naming the event file (the OSError of a write names none)."""
-        try:
-            yield
-        except OSError as exc:
-            where = exc.filename or self.event_file or self.directory  # a write() names no file: ours does
-            storage = as_storage_error(exc, where, "cannot write TensorBoard events")
-            if storage is None:
-                raise
-            self._failed = True
-            raise storage from exc
+        self._writes.close(writer.close)
 
     def _writer(self) -> SummaryWriter:
         if self.writer is None:

@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dlscale.errors import StorageError
@@ -187,3 +188,37 @@ def remove_stale_temporaries(directories: list[Path]) -> list[tuple[Path, int]]:
                 continue
             removed.append((entry, size))
     return removed
+
+
+class ReportedWrites:
+    """The writes of a logger to one file, whose first failure becomes one StorageError line naming the file.
+
+    The OSError of a failed ``write()`` names no file, hence ``where`` (called at the failure: the file may change
+    when the logger reopens). After a failure, :meth:`close` closes quietly: closing flushes the same bytes again,
+    and the failure was already reported where it happened.
+    """
+
+    def __init__(self, where: Callable[[], Path], doing: str = "cannot write"):
+        self.where = where
+        self.doing = doing
+        self.failed = False
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            storage = as_storage_error(exc, exc.filename or self.where(), self.doing)
+            if storage is None:
+                raise
+            self.failed = True
+            raise storage from exc
+
+    def close(self, closer: Callable[[], object]) -> None:
+        """Call ``closer``: reporting a failure as the writes do, or quietly after one already reported."""
+        if self.failed:
+            with contextlib.suppress(OSError):
+                closer()
+            return
+        with self():
+            closer()
