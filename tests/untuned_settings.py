@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscale.tune.knobs import BATCH_KEY, SETTING_KEYS
+from dlscale.tuning.knobs import BATCH_KEY, SETTING_KEYS
 
 UNTUNED: dict[str, Any] = {
     "loader.num_data_workers": 0,

@@ -1,6 +1,6 @@
 """dlscale: train scientific deep-learning models at scale, from one CPU to many GPU nodes, and make them fast.
 
-The Python API (:mod:`dlscale.api`): ``dlscale.train(...)``, ``dlscale.bench(...)``, ``dlscale.tune(...)``, ``dlscale.evaluate(...)``, ``dlscale.load_config(...)``,
+The Python API (:mod:`dlscale.api`): ``dlscale.train(...)``, ``dlscale.bench(...)``, ``dlscale.tune(...)``, ``dlscale.evaluate(...)``, ``dlscale.forecast(...)``, ``dlscale.load_config(...)``,
 ``dlscale.export(...)``, ``dlscale.load_model(...)``.
 They are imported on first use, so ``import dlscale`` (and ``dlscale --version``) stays instant.
 """
@@ -9,8 +9,18 @@ from typing import Any
 
 from dlscale.version import __version__
 
-__all__ = ["__version__", "bench", "evaluate", "export", "load_config", "load_model", "train", "tune"]
-_API = ("bench", "evaluate", "export", "load_config", "load_model", "train", "tune")
+__all__ = [
+    "__version__",
+    "bench",
+    "evaluate",
+    "export",
+    "forecast",
+    "load_config",
+    "load_model",
+    "train",
+    "tune",
+]
+_API = ("bench", "evaluate", "export", "forecast", "load_config", "load_model", "train", "tune")
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,7 @@
     dlscale.export("runs/demo/00", "exports/demo")          # the model without the run: weights, stats, program
     exported = dlscale.load_model("exports/demo")           # .model, .normalize, .denormalize, .config
     metrics = dlscale.evaluate("runs/demo/00", split="test", checkpoint="best")   # its eval/.../metrics.json
+    scores = dlscale.forecast("runs/demo/00", lead="10d")   # RMSE/ACC per lead: its forecast/.../scores.json
 
 ``workload`` is what the config's ``workload:`` key would say (a built-in name, an installed package's name, an
 import path ``package.module:OBJECT``), a workload object itself (one defined in the notebook), or None for the
@@ -22,25 +23,29 @@ starts the process group from the launcher's environment and leaves it at the en
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dlscale.config import RunConfig, load_run_config
 from dlscale.config.yaml_source import DEFAULT_YAML
+from dlscale.errors import InvalidValue
 from dlscale.exported.loader import ExportedModel
 from dlscale.exported.loader import load_model as load_exported_model
 from dlscale.exported.writer import ExportSummary, export_run
 from dlscale.perf.bench.trials import BenchResults
 from dlscale.run.bench import bench_one_config
 from dlscale.run.evaluation import evaluate_checkpoint
+from dlscale.run.forecast import ForecastOptions, forecast_checkpoint
+from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD
 from dlscale.run.process_group import distributed_run
 from dlscale.run.training import train_and_summarize
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import detect_process
-from dlscale.tune.climb import TuneOptions
-from dlscale.tune.run_backend import ConfigSource, TrialLengths
-from dlscale.tune.session import TuneOutputs, default_out, run_tune
+from dlscale.tuning.climb import TuneOptions
+from dlscale.tuning.run_backend import ConfigSource, TrialLengths
+from dlscale.tuning.session import TuneOutputs, default_out, run_tune
 from dlscale.workloads import Workload, use_workload
 
 
@@ -117,6 +122,35 @@ def evaluate(
     return evaluate_checkpoint(run_dir_or_checkpoint, split, choice, overrides)
 
 
+def forecast(
+    run_dir_or_checkpoint: str | Path,
+    split: str = "test",
+    lead: str = DEFAULT_LEAD,
+    init: str = DEFAULT_INIT,
+    init_count: int | None = None,
+    batch_size: int | None = None,
+    write: str | None = None,
+    checkpoint: str | Path | None = None,
+    overrides: Sequence[str] = (),
+) -> dict[str, Any]:
+    """``dlscale forecast``: roll the checkpoint's model forward up to ``lead`` (``"10d"``, ``"36h"``) from the
+    initial times ``init`` (``"every:12h"``, ``"every:4"`` model steps, or ``"2018-01-01T00,2018-02-01T12"``; at most
+    ``init_count`` of them) of ``split``, and score every lead against persistence and the climatology.
+
+    Returns the ``scores.json`` document as a plain dict of lists (strict JSON values: NaN is None):
+    ``doc["scores"]["model"]["rmse"]["z500"][k]`` is the latitude-weighted RMSE at ``doc["lead_hours"][k]``,
+    ``["acc"]`` the anomaly correlation, ``doc["headline"]`` the table. A dict, not an xarray Dataset: it is what
+    the file holds, needs no extra package, and converts in one line where wanted
+    (``pandas.read_csv(".../scores.csv")``, or ``--write netcdf`` for the forecasts themselves, which xarray
+    opens). Rank 0 writes ``<run dir>/forecast/<split>-<checkpoint>/``. One process (not under torchrun).
+    """
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    options = ForecastOptions(split, lead, init, init_count, batch_size, write)
+    choice = str(checkpoint) if checkpoint is not None else None
+    return forecast_checkpoint(run_dir_or_checkpoint, options, choice, overrides).document
+
+
 def tune(
     yaml_config: str | Path = DEFAULT_YAML,
     config: str = "base",
@@ -124,17 +158,30 @@ def tune(
     out: str | Path | None = None,
     budget_minutes: float = 30.0,
     loss_tolerance: float = 0.05,
+    workload: str | Workload | None = None,
     **keys: Any,
 ) -> TuneOutputs:
     """``dlscale tune``: climb the optimization ladder from a config and write the tuned YAML (default
     ``tuned/<config>_tuned.yaml``), its table, plot and record (rank 0 writes; every rank gets the climb).
-    The same call again continues an interrupted tune from its cache."""
+    The same call again continues an interrupted tune from its cache. ``workload`` as for :func:`train`.
+    The arguments and the config are checked before anything is written."""
     if isinstance(overrides, str):
         overrides = [overrides]
-    source = ConfigSource(str(yaml_config), config, tuple(overrides), keys)
+    if not _finite_number(budget_minutes) or budget_minutes <= 0:
+        raise InvalidValue("budget_minutes", f"must be a number of minutes > 0, got {budget_minutes!r}")
+    if not _finite_number(loss_tolerance) or loss_tolerance < 0:
+        raise InvalidValue("loss_tolerance", f"must be a fraction >= 0 (0.05 = 5%), got {loss_tolerance!r}")
     path = Path(out).expanduser() if out is not None else default_out(config)
+    if path.suffix not in (".yaml", ".yml"):
+        raise InvalidValue("out", f"the tuned config is a YAML file: give a name ending in .yaml, got {path}")
+    reference = workload if workload is None or isinstance(workload, str) else use_workload(workload)
+    source = ConfigSource(str(yaml_config), config, tuple(overrides), keys, reference)
     options = TuneOptions(budget_s=budget_minutes * 60, loss_tolerance=loss_tolerance)
     return run_tune(source, path, options, TrialLengths(), f"dlscale.tune({config!r})")
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def export(

@@ -4,11 +4,13 @@ dlscale train --yaml_config configs/vit_era5.yaml --config short [--set optim.lr
 dlscale bench --yaml_config configs/vit_era5.yaml --config short [--sweep num_data_workers=0,2,4]
 dlscale tune --yaml_config configs/vit_era5.yaml --config short --budget 60   # climb the ladder, write the tuned config
 dlscale data synth-era5 --out data/era5_demo --preset demo
+dlscale data import-era5 era5.zarr --out data/era5 --split 1979-2015:train,2016-2017:valid,2018:test
 dlscale config --yaml_config configs/vit_era5.yaml --config short     # the resolved config
 dlscale info                                                           # versions and device
 dlscale plan --yaml_config configs/vit_era5.yaml --config mp --gpus 4   # memory/traffic of each dp x tp x cp
 dlscale export runs/short/00 --out exports/short                        # the model without the run
 dlscale evaluate runs/short/00 --split test --checkpoint best            # metrics on held-out data (eval/)
+dlscale forecast runs/short/00 --lead 10d                                # rollouts scored per lead (forecast/)
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 from collections.abc import Callable
 
 from dlscale.commands.flags import (
@@ -27,6 +30,7 @@ from dlscale.commands.options import (
     add_bench_arguments,
     add_evaluate_arguments,
     add_export_arguments,
+    add_forecast_arguments,
     add_monitor_arguments,
     add_plan_arguments,
     add_scaling_arguments,
@@ -47,8 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(run="dlscale.commands.train:run_train")
     add_config_arguments(train)
     add_flag_arguments(train, TRAINING_FLAG_GROUPS)
+    train.add_argument(
+        "--dry_run",
+        action="store_true",
+        help="only check the workload on its first samples and time one training step; writes nothing",
+    )
 
-    data = commands.add_parser("data", help="generate synthetic data sets in the real on-disk formats")
+    data = commands.add_parser(
+        "data", help="generate synthetic data sets in the real on-disk formats, or import real ERA5"
+    )
     data.set_defaults(run="dlscale.commands.data:run_data")
     generators = data.add_subparsers(dest="generator", required=True, metavar="GENERATOR")
     era5 = generators.add_parser("synth-era5", help="ERA5-like fields in the NERSC tutorial's HDF5 layout")
@@ -67,6 +78,36 @@ def build_parser() -> argparse.ArgumentParser:
     era5.add_argument("--noise", type=float, help="i.i.d. noise as a fraction of each channel's spread")
     era5.add_argument(
         "--if-missing", action="store_true", help="do nothing if OUT already holds this data set"
+    )
+
+    importer = generators.add_parser(
+        "import-era5",
+        help="real ERA5 (zarr store or netCDF files) into the tutorial's HDF5 layout, with stats",
+    )
+    importer.set_defaults(run="dlscale.commands.data:run_import_era5")
+    importer.add_argument(
+        "source", help="zarr store (path, gs:// or s3:// URL), directory or glob of netCDF files, or one file"
+    )
+    importer.add_argument("--out", required=True, help="output directory (train/ valid/ test/ stats/)")
+    importer.add_argument(
+        "--channels", help="comma-separated channels, e.g. u10,t2m,z500 (default: the tutorial's 20)"
+    )
+    importer.add_argument("--dt", type=int, default=6, help="hours between steps, from 00 UTC (default 6)")
+    importer.add_argument(
+        "--split", help="years per split, e.g. 1979-2015:train,2016-2017:valid,2018:test (the default)"
+    )
+    importer.add_argument(
+        "--allow-nan", action="store_true", help="keep NaN values (the statistics skip them)"
+    )
+    importer.add_argument(
+        "--block-mb",
+        type=float,
+        default=256.0,
+        help="MB of time steps read and written at once (default 256)",
+    )
+    importer.add_argument("--readers", type=int, help="threads reading channels (default: cores, at most 8)")
+    importer.add_argument(
+        "--progress", default="auto", choices=("auto", "bar", "lines", "none"), help="progress display"
     )
 
     for name, what in (
@@ -138,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(run="dlscale.commands.evaluate:run_evaluate")
     add_evaluate_arguments(evaluate)
 
+    forecast = commands.add_parser(
+        "forecast",
+        help="roll a trained model forward for days: RMSE and ACC per lead time against persistence and "
+        "climatology, figures, optionally the forecasts as netCDF/zarr (forecast/)",
+    )
+    forecast.set_defaults(run="dlscale.commands.forecast:run_forecast")
+    add_forecast_arguments(forecast)
+
     export = commands.add_parser(
         "export",
         help="a checkpoint's model without the run: safetensors weights, config, normalization statistics, a "
@@ -167,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return command_function(args.run)(args)
     except DlscaleError as exc:
+        if getattr(args, "debug", False):  # the whole chain: an exception in the user's code comes first
+            traceback.print_exception(exc, file=sys.stderr)
         if not getattr(exc, "quiet", False):  # quiet: another rank printed the same error
             print(f"dlscale: error: {exc}", file=sys.stderr)
         return exc.exit_code

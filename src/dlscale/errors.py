@@ -45,6 +45,26 @@ class ExportError(DlscaleError):
     """A model export cannot be written where asked, or an exported model's directory is incomplete or changed."""
 
 
+class WorkloadError(DlscaleError):
+    """A workload's own code failed or returned something dlscale cannot train on: an exception raised in the
+    user's files (import, build_datasets, build_model, forward, loss, evaluator), or a pre-flight check
+    (splits, sample types and dtypes, shapes, loss, evaluator summary). The message names the member and the
+    user's file:line; ``details`` (the whole traceback, when there is one) goes to the run's out.log and is
+    printed with ``--debug``."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.details = details
+        self.logged_to: str | None = None  # the out.log that holds ``details``, once it is written there
+
+    def __str__(self) -> str:
+        if not self.details:
+            return self.message
+        where = f"the traceback is in {self.logged_to}" if self.logged_to else "--debug shows the traceback"
+        return f"{self.message}; {where}"
+
+
 class TrainingDiverged(DlscaleError):
     """The loss or the gradients became NaN or infinite and the divergence policy stopped the run."""
 

@@ -12,11 +12,11 @@ from dlscale.run.process_group import distributed_run
 from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import process_group_running
 from dlscale.runtime.launch import detect_process
-from dlscale.tune.climb import TuneOptions
-from dlscale.tune.knobs import BATCH_KEY, SETTING_KEYS
-from dlscale.tune.run_backend import ConfigSource, RunBackend, TrialLengths
-from dlscale.tune.session import run_tune
-from dlscale.tune.settings import read_settings
+from dlscale.tuning.climb import TuneOptions
+from dlscale.tuning.knobs import BATCH_KEY, SETTING_KEYS
+from dlscale.tuning.run_backend import ConfigSource, RunBackend, TrialLengths
+from dlscale.tuning.session import run_tune
+from dlscale.tuning.settings import read_settings
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
 

@@ -12,11 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from follows_eager import BF16_EPOCH_REL, assert_close, train_and_keep_losses
 from killed_runs import dlscale_command, kill_during_saves_then_resume
 
 import dlscale
 from dlscale.checkpoint.files import load_checkpoint
 from dlscale.checkpoint.sharded_state import full_model_state
+from dlscale.errors import ConfigError
 from dlscale.runtime.local_ranks import run_ranks
 from dlscale.training.observer import Observer
 from dlscale.workloads import get_workload
@@ -37,6 +39,10 @@ def heat_data(tmp_path_factory) -> Path:
     cfg = dlscale.load_config(None, CONFIG_FILE, "tiny", [f"data.root={root}"])
     get_workload(cfg.workload).build_datasets(cfg.data)  # generates the files when missing
     return root
+
+
+# The example's 2-step rollout loss (heat2d.workload.Heat2DRollout): its training_loss hook.
+ROLLOUT = ("data.rollout_steps=2",)
 
 
 def quiet(data: Path, expdir: Path, *more: str) -> list[str]:
@@ -106,13 +112,18 @@ def train_heat_rank(rank: int, data: Path, expdir: Path, *more: str) -> dict[str
     return KeepWeights.weights
 
 
-@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
-def test_two_data_parallel_ranks_train_the_example_like_one(heat_data, tmp_path, data_parallel):
-    """Also FSDP2, whose in-place sharding once broke the FLOP count of a model with no formula of its own."""
+@pytest.mark.parametrize(
+    ("data_parallel", "loss"),
+    [("ddp", ()), ("fsdp", ()), ("ddp", ROLLOUT), ("fsdp", ROLLOUT)],
+    ids=["ddp", "fsdp", "ddp-rollout-loss", "fsdp-rollout-loss"],
+)
+def test_two_data_parallel_ranks_train_the_example_like_one(heat_data, tmp_path, data_parallel, loss):
+    """Also FSDP2, whose in-place sharding once broke the FLOP count of a model with no formula of its own, and
+    the rollout loss (the workload's training_loss), which calls the DDP model twice before one backward."""
     # SGD moves each weight by lr x its gradient, so the weights show how well the gradients agree. (The config's
     # AdamW divides by the root of the squared gradients' average: where a gradient is near 0, the rounding of
     # the ranks' sum can flip its sign and move the weight by up to 2 lr, which would hide nothing but noise.)
-    optimizer = ("optim.optimizer=SGD", "optim.lr=0.05")
+    optimizer = ("optim.optimizer=SGD", "optim.lr=0.05", *loss)
     serial = train_heat_rank(0, heat_data, tmp_path / "one", *optimizer)
     layout = f"parallel.data_parallel={data_parallel}"
     parallel = run_ranks(2, train_heat_rank, heat_data, tmp_path / "two", *optimizer, layout)
@@ -149,10 +160,12 @@ def test_the_examples_knobs_need_no_code_in_the_workload(heat_data, tmp_path, kn
 
 
 @pytest.mark.slow
-def test_a_kill_9_of_the_example_resumes_bitwise(heat_data, tmp_path):
+@pytest.mark.parametrize("loss", [(), ROLLOUT], ids=["loss", "rollout-loss"])
+def test_a_kill_9_of_the_example_resumes_bitwise(heat_data, tmp_path, loss):
     args = [
         "train", "--yaml_config", str(CONFIG_FILE), "--config", "tiny", "--num_epochs", "6",
-        *[word for text in quiet(heat_data, tmp_path / "x", "checkpoint.save_every_steps=1") for word in ("--set", text)],
+        *[word for text in quiet(heat_data, tmp_path / "x", "checkpoint.save_every_steps=1", *loss)
+          for word in ("--set", text)],
     ]  # fmt: skip
     reference = dlscale_command(*args, "--expdir", str(tmp_path / "reference"))
     assert reference.returncode == 0, reference.stderr
@@ -164,3 +177,52 @@ def test_a_kill_9_of_the_example_resumes_bitwise(heat_data, tmp_path):
     actual = load_checkpoint(run / "checkpoints" / "ckpt_latest.pt")
     for key, value in expected["model"].items():
         assert torch.equal(actual["model"][key], value), key
+
+
+def test_the_rollout_loss_trains_under_bf16_like_eager(heat_data, tmp_path):
+    """The training_loss hook's model runs under the run's autocast: the losses follow the eager fp32 run's
+    (tolerances: tests/e2e/follows_eager.py). That the hook gets the compiled forward is
+    tests/unit/test_step.py's check: a compiled e2e run here would add a cold compile (about 40 s on CI's
+    fresh machine) for what the unit test already shows."""
+    one_epoch = ["train.num_epochs=1", *ROLLOUT]
+    losses = {}
+    for name, more in (("eager", []), ("bf16", ["train.amp_mode=bf16"])):
+        cfg = dlscale.load_config(
+            "heat2d", CONFIG_FILE, "tiny", quiet(heat_data, tmp_path / name, *one_epoch, *more)
+        )
+        losses[name] = train_and_keep_losses(cfg, tmp_path / name / "tiny" / "00")
+    # Not assert_follows_eager's first-step check: the untrained model's last convolution is zero, so its
+    # first predictions are its input, in bf16 as in fp32; the steps after the first differ.
+    run, eager = losses["bf16"], losses["eager"]
+    assert run.steps[0] == eager.steps[0] and run.steps != eager.steps
+    assert_close("bf16 train losses", run.train, eager.train, BF16_EPOCH_REL)
+    assert_close("bf16 val losses", run.val, eager.val, BF16_EPOCH_REL)
+    log = (tmp_path / "bf16" / "tiny" / "00" / "out.log").read_text()
+    assert "target (B, 2, 16, 16); training_loss" in log  # the pre-flight check ran the hook on two frames
+
+
+def test_cuda_graphs_refuse_a_workload_with_a_training_loss_in_one_line(heat_data, tmp_path):
+    with pytest.raises(
+        ConfigError, match="train.cuda_graphs cannot capture the training_loss of workload 'heat2d'"
+    ):
+        dlscale.train(
+            "heat2d", CONFIG_FILE, "tiny", quiet(heat_data, tmp_path, *ROLLOUT, "train.cuda_graphs=true")
+        )
+
+
+def test_every_training_step_goes_through_the_training_loss_with_its_global_step(heat_data, tmp_path):
+    from heat2d.workload import Heat2DRollout
+
+    class RecordingRollout(Heat2DRollout):
+        steps: list[int] = []
+
+        def configured(self, model_cfg, data_cfg):
+            return self
+
+        def training_loss(self, model, batch, step):
+            RecordingRollout.steps.append(step)
+            return super().training_loss(model, batch, step)
+
+    summary = dlscale.train(RecordingRollout(), CONFIG_FILE, "tiny", quiet(heat_data, tmp_path, *ROLLOUT))
+    # the pre-flight check's call (step 0), then every optimizer step of the run
+    assert RecordingRollout.steps == [0, *range(summary["global_step"])] and summary["global_step"] == 8

@@ -100,7 +100,7 @@ def test_tuned_config_trains(tuned, tmp_path):
 def test_running_the_same_tune_again_continues_from_its_cache(tuned, tiny_era5, monkeypatch):
     record = json.loads(tuned.with_suffix(".json").read_text())
     # Every trial is in the cache: a second run measures and trains nothing.
-    import dlscale.tune.run_backend as backend
+    import dlscale.tuning.run_backend as backend
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("a cached trial was run again")

@@ -253,6 +253,10 @@ def test_verdicts_leave_out_knobs_the_run_already_uses_or_cannot_use(tiny_config
         "--cuda_graphs" in on_gpu.knobs and "--tf32 on" in on_gpu.knobs and "--amp_mode bf16" in on_gpu.knobs
     )
     assert "--tf32 on" not in compute_bound.for_run(switched_on_knobs(tiny_config()), on_gpu=True).knobs
+    # mixed precision is emulated on a CPU, and slower: never suggested there, even to a run in fp32
+    fp32_on_cpu = compute_bound.for_run(switched_on_knobs(tiny_config("train.amp_mode=none")), on_gpu=False)
+    assert not any(k.startswith("--amp_mode") for k in fp32_on_cpu.knobs)
+    assert "--enable_jit" in fp32_on_cpu.knobs
 
 
 def test_summary_statistics_are_benchys_mean_and_population_std():

@@ -336,3 +336,12 @@ def test_the_printed_accuracy_is_the_committed_benchmarks():
     assert (round(result["ratio_min"], 2), round(result["ratio_max"], 2)) == MEASURED_RATIO_RANGE
     assert PROMISED_RATIO[0] <= result["ratio_min"] <= result["ratio_max"] <= PROMISED_RATIO[1]
     assert {case["workload"] for case in result["cases"]} >= {"cnn_mnist", "resnet_cifar", "unet_cosmo"}
+
+
+def test_the_plan_table_shows_a_small_models_megabytes_instead_of_zeros():
+    from dlscale.perf.plan.traced_report import format_gb
+
+    assert format_gb(3 * 2**20) == "2.9e-3"  # 3 MiB: not "0.00"
+    assert format_gb(12 * 2**10) == "1.1e-5"
+    assert (format_gb(0), format_gb(2**30), format_gb(0.5 * 2**30)) == ("0.00", "1.00", "0.50")
+    assert all(len(format_gb(value)) <= 6 for value in (2**10, 2**20, 2**25, 2**33))

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from untuned_settings import UNTUNED
 
-from dlscale.tune.cache import TuneCache, settings_key
-from dlscale.tune.climb import Climb, TuneFailed, TuneOptions, TuneResult
-from dlscale.tune.knobs import BATCH_KEY, TuneContext
-from dlscale.tune.records import Measurement, NumericsCheck
+from dlscale.tuning.cache import TuneCache, settings_key
+from dlscale.tuning.climb import Climb, TuneFailed, TuneOptions, TuneResult
+from dlscale.tuning.knobs import BATCH_KEY, TuneContext
+from dlscale.tuning.records import Measurement, NumericsCheck
 
 CPU = TuneContext(on_gpu=False, cpus_per_rank=4)
 START: dict[str, Any] = dict(UNTUNED)

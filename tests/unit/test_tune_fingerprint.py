@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.tune import session
-from dlscale.tune.cache import TuneCache, settings_key
-from dlscale.tune.run_backend import ConfigSource, TrialLengths
-from dlscale.tune.session import run_tune
+from dlscale.tuning import session
+from dlscale.tuning.cache import TuneCache, settings_key
+from dlscale.tuning.run_backend import ConfigSource, TrialLengths
+from dlscale.tuning.session import run_tune
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
 # Short lengths like the e2e tune's (--nbatches 3 --ntrials 2 --check_steps 4), and the CLI's default 20 batches.

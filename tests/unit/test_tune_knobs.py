@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from untuned_settings import UNTUNED
 
-from dlscale.tune.knobs import (
+from dlscale.tuning.knobs import (
     BATCH_KEY,
     TuneContext,
     apply_changes,

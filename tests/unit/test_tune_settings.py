@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from dlscale.config import load_run_config
-from dlscale.tune.knobs import BATCH_KEY, SETTING_KEYS
-from dlscale.tune.report import changed_sections, extends_reference, tuned_yaml
-from dlscale.tune.settings import config_keys, lr_note, read_settings, run_length_keys
+from dlscale.tuning.knobs import BATCH_KEY, SETTING_KEYS
+from dlscale.tuning.report import changed_sections, extends_reference, tuned_yaml
+from dlscale.tuning.settings import config_keys, lr_note, read_settings, run_length_keys
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_FILE = REPO / "configs" / "vit_era5.yaml"

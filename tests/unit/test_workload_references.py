@@ -203,6 +203,21 @@ def test_an_object_that_does_not_subclass_workload_gets_the_optional_members_def
     assert workload.forward_flops_per_sample(None, None) is None and workload.fsdp_units(model) == ()
     assert workload.configured(None, None) is workload
     assert isinstance(workload.evaluator([]), LossEvaluator)
+    assert workload.training_loss is None  # the training loss is loss(model(inputs), targets)
+
+
+def test_a_training_loss_of_an_object_that_does_not_subclass_workload_is_kept(toy):
+    inner = get_workload("toy_line:WORKLOAD").inner
+
+    class WithHook:  # the toy's members, plus the optional hook
+        def __getattr__(self, member):
+            return getattr(inner, member)
+
+        def training_loss(self, model, batch, step):
+            return step
+
+    workload = as_workload(WithHook(), "with_hook")
+    assert workload.training_loss(None, None, 7) == 7
 
 
 def test_an_entry_point_registers_a_workload_by_name(toy, monkeypatch):

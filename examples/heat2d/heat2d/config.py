@@ -37,6 +37,9 @@ class Heat2DDataConfig:
     frames: int = 20  # stored snapshots per trajectory, the initial one included
     steps_per_frame: int = 40  # solver steps between frames; frames lie 0.2 * steps_per_frame / grid^2 apart
     data_seed: int = 0  # seeds every trajectory, with the split and the trajectory's index
+    # frames each training target holds: 1 pairs a frame with the next; 2 also with the one after, for the
+    # workload's 2-step rollout loss (heat2d.workload.Heat2DRollout). Validation stays one step.
+    rollout_steps: int = 1
 
     def __post_init__(self) -> None:
         if self.grid < MIN_GRID:
@@ -50,6 +53,12 @@ class Heat2DDataConfig:
             )
         if self.data_seed < 0:
             raise InvalidValue("data_seed", f"must be >= 0, got {self.data_seed}")
+        if not 1 <= self.rollout_steps < self.frames:
+            raise InvalidValue(
+                "rollout_steps",
+                f"must be >= 1 and below frames ({self.frames}), so that a trajectory holds a sample, "
+                f"got {self.rollout_steps}",
+            )
 
     def root_path(self) -> Path:
         """``root`` with ``~`` and ``$VARS`` expanded."""

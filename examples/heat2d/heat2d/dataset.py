@@ -5,6 +5,9 @@ Sample ``i`` is trajectory ``i // (frames - 1)``, frame ``k = i % (frames - 1)``
 * input  ``(2, N, N)``: ``[(u_k - u_mean) / u_std, (kappa - kappa_mean) / kappa_std]``
 * target ``(1, N, N)``: ``(u_{k+1} - u_mean) / u_std``
 
+With ``rollout_steps`` r > 1 (the training split only), the target is ``(r, N, N)``, the next r frames
+``u_{k+1} .. u_{k+r}``, and a trajectory holds ``frames - r`` samples.
+
 u_k and u_{k+1} share one normalization, so the increment the model predicts is the physical one divided by
 ``u_std``. The statistics come from train.h5 for both splits (see :mod:`heat2d.generate`).
 
@@ -72,7 +75,9 @@ def check_file(cfg: Heat2DDataConfig, split: str) -> dict[str, Any]:
 
 def _how_to_generate(cfg: Heat2DDataConfig) -> str:
     problem = {
-        f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in ("root", "generate_if_missing")
+        f.name: getattr(cfg, f.name)
+        for f in fields(cfg)
+        if f.name not in ("root", "generate_if_missing", "rollout_steps")  # not a property of the files
     }
     for name, preset in PRESETS.items():
         if all(getattr(preset, key) == value for key, value in problem.items()):
@@ -94,7 +99,8 @@ class Heat2DDataset(Dataset):
         train_attrs = attrs if split == "train" else check_file(cfg, "train")
         self.u_mean, self.u_std, self.kappa_mean, self.kappa_std = (float(train_attrs[s]) for s in STATS)
         self.trajectories = cfg.trajectories(split)
-        self.pairs_per_trajectory = cfg.frames - 1
+        self.target_frames = cfg.rollout_steps if split == "train" else 1
+        self.pairs_per_trajectory = cfg.frames - self.target_frames
         self._handle: h5py.File | None = None
         self._handle_pid: int | None = None
 
@@ -106,7 +112,9 @@ class Heat2DDataset(Dataset):
             raise IndexError(f"sample {index} out of range for {len(self)} samples")
         trajectory, k = divmod(int(index), self.pairs_per_trajectory)
         handle = self._file()
-        u = (handle["u"][trajectory, k : k + 2] - np.float32(self.u_mean)) / np.float32(self.u_std)
+        u = (handle["u"][trajectory, k : k + 1 + self.target_frames] - np.float32(self.u_mean)) / np.float32(
+            self.u_std
+        )
         kappa = (handle["kappa"][trajectory] - np.float32(self.kappa_mean)) / np.float32(self.kappa_std)
         return torch.from_numpy(np.stack([u[0], kappa])), torch.from_numpy(u[1:])
 

@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 from heat2d.config import Heat2DDataConfig, Heat2DModelConfig
 from heat2d.dataset import Heat2DDataset
@@ -356,6 +357,66 @@ def test_the_model_has_no_batch_dependent_layers():
     torch.testing.assert_close(
         model_with_a_nonzero_increment()(x)[:1], model_with_a_nonzero_increment()(x[:1])
     )
+
+
+def test_the_evaluator_reports_rmse_against_persistence_and_its_skill(tiny_data: Heat2DDataConfig):
+    valid = WORKLOAD.build_datasets(tiny_data)["valid"]
+    inputs, targets = (torch.stack(t) for t in zip(*(valid[i] for i in range(len(valid))), strict=True))
+    persistence_rmse = float((inputs[:, :1] - targets).flatten(1).pow(2).mean(1).sqrt().mean())
+    evaluator = WORKLOAD.evaluator(valid)
+    halfway = 0.5 * (inputs[:, :1] + targets)  # half the error of persistence on every sample
+    untrained = WORKLOAD.build_model(Heat2DModelConfig(), tiny_data)  # its zero increment is persistence
+    with torch.no_grad():
+        predictions = {"untrained": untrained(inputs), "halfway": halfway}
+    for name, expected_skill in (("untrained", 0.0), ("halfway", 0.5)):
+        evaluator.reset()
+        evaluator.update(inputs[:3], targets[:3], predictions[name][:3])  # two batches of unequal size
+        evaluator.update(inputs[3:], targets[3:], predictions[name][3:])
+        summary = evaluator.summary()
+        assert summary.headline == "RMSE" and summary.baseline_name == "persistence"
+        assert summary.samples == len(valid)
+        assert summary.baseline_scalars["RMSE"] == pytest.approx(persistence_rmse, rel=1e-6)
+        assert summary.scalars["RMSE"] == pytest.approx((1 - expected_skill) * persistence_rmse, rel=1e-5)
+        assert summary.scalars["skill/RMSE"] == pytest.approx(expected_skill, abs=1e-5)
+        assert summary.scalars["skill/max_error"] == pytest.approx(expected_skill, abs=1e-5)
+        assert summary.loss == pytest.approx(float(WORKLOAD.loss(predictions[name], targets)), rel=1e-5)
+
+
+def test_rollout_training_targets_hold_the_next_frames_and_validation_stays_one_step(tiny_data):
+    cfg = dataclasses.replace(tiny_data, rollout_steps=2)
+    train, valid = Heat2DDataset(cfg, "train"), Heat2DDataset(cfg, "valid")
+    assert len(train) == TINY.train_trajectories * (TINY.frames - 2)
+    assert len(valid) == TINY.valid_trajectories * (TINY.frames - 1)
+    one_step = Heat2DDataset(tiny_data, "train")
+    per_trajectory = TINY.frames - 2
+    for index in (0, per_trajectory + 1):  # trajectory 0 frame 0, trajectory 1 frame 1
+        trajectory, k = divmod(index, per_trajectory)
+        inputs, targets = train[index]
+        first = one_step[trajectory * (TINY.frames - 1) + k]
+        second = one_step[trajectory * (TINY.frames - 1) + k + 1]
+        assert targets.shape == (2, TINY.grid, TINY.grid)
+        assert torch.equal(inputs, first[0])
+        assert torch.equal(targets[:1], first[1]) and torch.equal(targets[1:], second[1])
+    with pytest.raises(ConfigError, match="data.rollout_steps: must be >= 1 and below frames"):
+        build_section(Heat2DDataConfig, {"rollout_steps": TINY.frames, "frames": TINY.frames}, "x", "data")
+
+
+def test_the_rollout_loss_feeds_each_prediction_back_with_the_same_kappa(tiny_data):
+    from heat2d.workload import Heat2DRollout
+
+    assert WORKLOAD.configured(Heat2DModelConfig(), tiny_data) is WORKLOAD and WORKLOAD.training_loss is None
+    rollout = WORKLOAD.configured(Heat2DModelConfig(), dataclasses.replace(tiny_data, rollout_steps=2))
+    assert isinstance(rollout, Heat2DRollout)
+    train = Heat2DDataset(dataclasses.replace(tiny_data, rollout_steps=2), "train")
+    inputs, targets = (torch.stack(t) for t in zip(*(train[i] for i in range(4)), strict=True))
+    model = model_with_a_nonzero_increment()
+    first = model(inputs)
+    second = model(torch.cat([first, inputs[:, 1:]], dim=1))
+    expected = (F.mse_loss(first, targets[:, :1]) + F.mse_loss(second, targets[:, 1:])) / 2
+    loss = rollout.training_loss(model, (inputs, targets), step=0)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+    # the second step is trained through the first: its gradient reaches the weights twice
+    assert not torch.allclose(loss, F.mse_loss(first, targets[:, :1]))
 
 
 def test_the_surrogate_learns_the_tiny_data_well_beyond_persistence(tiny_data: Heat2DDataConfig):

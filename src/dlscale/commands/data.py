@@ -1,10 +1,12 @@
-"""``dlscale data synth-*``: write synthetic data sets in the real on-disk formats."""
+"""``dlscale data synth-*``: write synthetic data sets in the real on-disk formats; ``dlscale data import-era5``:
+bring real ERA5 (zarr or netCDF) into the layout dlscale reads."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import logging
+import shlex
 import time
 from pathlib import Path
 
@@ -62,3 +64,75 @@ def run_data(args: argparse.Namespace) -> int:
     write_synthetic_era5(out, spec, progress=log.info)
     log.info("synth-era5: done in %.1f s", time.perf_counter() - started)
     return 0
+
+
+def run_import_era5(args: argparse.Namespace) -> int:
+    """``dlscale data import-era5 SOURCE --out DIR``: ERA5 from zarr or netCDF into the tutorial's layout."""
+    from dlscale.data.era5.importing.importer import ImportRequest, default_readers, import_era5
+    from dlscale.data.era5.importing.names import parse_channels
+    from dlscale.data.era5.importing.plan import DEFAULT_SPLIT
+    from dlscale.models.vit_config import ViTConfig
+
+    setup_logging(None)
+    request = ImportRequest(
+        source=args.source,
+        out=Path(args.out),
+        channels=parse_channels(args.channels),
+        dt_hours=args.dt,
+        split=args.split or DEFAULT_SPLIT,
+        allow_nan=args.allow_nan,
+        block_mb=args.block_mb,
+        readers=args.readers or default_readers(),
+        progress=args.progress,
+    )
+    log.info(
+        "import-era5: %s -> %s (%d channels, every %d h)",
+        request.source,
+        shlex.quote(str(request.out)),
+        len(request.channels),
+        request.dt_hours,
+    )
+    result = import_era5(request, report=log.info)
+    if result.already_complete:
+        log.info("import-era5: %s already holds this import (%s); nothing to do", request.out, MANIFEST)
+    else:
+        log.info(
+            "import-era5: wrote %d year files (%d kept from an earlier run), %.2f GB in %.1f s = %.2f GB/s; "
+            "peak memory %.0f MB (the process's high-water mark)",
+            len(result.written),
+            len(result.skipped),
+            result.bytes_written / 1e9,
+            result.seconds,
+            result.gb_per_s,
+            result.peak_rss_bytes / 1e6,
+        )
+    for line in next_step_lines(
+        request.out, result.height, result.width, len(result.channels), ViTConfig().patch_size
+    ):
+        log.info("%s", line)
+    return 0
+
+
+def next_step_lines(out: Path, height: int, width: int, channels: int, patch_size: int) -> list[str]:
+    """The `dlscale train` command for an imported data set, and which img_size values its grid allows."""
+    crop = (height // patch_size * patch_size, width // patch_size * patch_size)
+    if crop[0] == 0 or crop[1] == 0:
+        return [
+            f"import-era5: the {height} x {width} grid is smaller than the ViT's patch ({patch_size}); "
+            "set a smaller model.patch_size to train on it"
+        ]
+    settings = [
+        f"data.root={out}",
+        f"data.img_size=[{crop[0]},{crop[1]}]",
+        f"data.n_in_channels={channels}",
+        f"data.n_out_channels={channels}",
+    ]
+    command = "dlscale train --yaml_config configs/vit_era5.yaml --config short " + " ".join(
+        f"--set {shlex.quote(setting)}" for setting in settings
+    )
+    return [
+        f"import-era5: next step: {command}",
+        f"import-era5: img_size crops [H, W] from the top-left of the {height} x {width} grid (north-west "
+        f"corner); with model.patch_size={patch_size} both must be multiples of {patch_size} up to "
+        f"[{crop[0]}, {crop[1]}] (the largest, used above); another patch size p needs multiples of p",
+    ]

@@ -167,6 +167,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override any config key, dotted (optim.lr=1e-3) or flat (lr=1e-3); repeatable",
     )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="print the whole traceback with an error's one line (an error in a workload's own code writes "
+        "it to the run's out.log anyway)",
+    )
 
 
 def add_group_flags(container: argparse._ActionsContainer, group: str) -> None:

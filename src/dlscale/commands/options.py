@@ -126,6 +126,51 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dlscale forecast`` (see dlscale.run.forecast_times for --lead and --init)."""
+    add_checkpoint_choice(parser, "target")
+    parser.add_argument(
+        "--split", default="test", help="the held-out split to start from: test (default) or valid"
+    )
+    parser.add_argument(
+        "--lead",
+        default="10d",
+        help="how far to roll out, with a unit: 10d (default), 36h; a multiple of the step",
+    )
+    parser.add_argument(
+        "--init",
+        default="every:12h",
+        metavar="every:DURATION|DATES",
+        help="initial times: every:12h (default: 00 and 12 UTC), every:N model steps, or dates "
+        "2018-01-01T00,2018-02-01T12; only those whose whole rollout lies in the data",
+    )
+    parser.add_argument(
+        "--init-count",
+        type=int,
+        metavar="N",
+        help="keep N of those initial times, spread evenly over the split",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        help="initial times rolled out together (default: the run's batch)",
+    )
+    parser.add_argument(
+        "--write",
+        choices=("netcdf", "zarr"),
+        help="also write the forecasts themselves (forecast.nc through h5netcdf, or forecast.zarr), for xarray",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change a config key, e.g. --set data.root=/scratch/era5 or train.amp_mode=bf16 (not the keys that "
+        "define the weights); repeatable",
+    )
+
+
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``dlscale tune`` (the parser already has the config arguments and the tutorials' flags)."""
     group = parser.add_argument_group("tune")

@@ -4,7 +4,7 @@ dlscale tune --yaml_config configs/vit_era5.yaml --config short --budget 60     
 dlscale train --yaml_config tuned/short_tuned.yaml --config short_tuned
 
 Running the same command again after an interruption (a Slurm time limit) continues from the cache of
-finished trials beside the output. The climb itself: :mod:`dlscale.tune.climb`.
+finished trials beside the output. The climb itself: :mod:`dlscale.tuning.climb`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 
 from dlscale.commands.flags import config_flag_values
 from dlscale.errors import InvalidValue
-from dlscale.tune.climb import TuneOptions
-from dlscale.tune.knobs import SETTING_KEYS, tunable_key
-from dlscale.tune.run_backend import ConfigSource, TrialLengths
-from dlscale.tune.session import default_out, run_tune
+from dlscale.tuning.climb import TuneOptions
+from dlscale.tuning.knobs import SETTING_KEYS, tunable_key
+from dlscale.tuning.run_backend import ConfigSource, TrialLengths
+from dlscale.tuning.session import default_out, run_tune
 
 
 def tune_options(args: argparse.Namespace) -> tuple[TuneOptions, TrialLengths]:

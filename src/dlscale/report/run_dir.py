@@ -108,14 +108,16 @@ def early_logging(is_main: bool) -> Iterator[list[logging.LogRecord]]:
         logger.propagate = propagate
 
 
-def write_to_log_files(records: list[logging.LogRecord]) -> None:
-    """Add records kept by :func:`early_logging` to this process's log files (the console has them already)."""
+def write_to_log_files(records: list[logging.LogRecord]) -> list[str]:
+    """Add records kept by :func:`early_logging` (or any record the console must not show) to this process's
+    log files; the paths of those files."""
     logger = logging.getLogger(LOGGER_NAME)
     files = [h for h in logger.handlers if isinstance(h, logging.FileHandler)]
     for record in records:
         if logging.getLogger(record.name).isEnabledFor(record.levelno):
             for handler in files:
                 handler.handle(record)
+    return [handler.baseFilename for handler in files]
 
 
 def setup_logging(log_file: Path | None, enabled: bool = True, console: bool = True) -> logging.Logger:

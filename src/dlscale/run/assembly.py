@@ -20,6 +20,7 @@ from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.resume import resume_source, weight_defining_keys
 from dlscale.checkpoint.training_state import restore_training
 from dlscale.config.run_config import RunConfig
+from dlscale.data.dataset_description import describe_dataset
 from dlscale.data.finite_check import FiniteCheckedBatches
 from dlscale.data.pipeline import build_batch_source
 from dlscale.data.sampler import EvaluationSampler, TrainingSampler
@@ -28,6 +29,7 @@ from dlscale.parallel.data_parallel import buffer_synchronizer, wrap_data_parall
 from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum, report_layout
 from dlscale.perf.flops import Utilization, compute_precision, training_flops_per_sample
 from dlscale.perf.profile.capture import build_profiling
+from dlscale.run.preflight import PreflightReport, checked_splits, preflight_check
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.runtime.nvtx import NO_MARKERS
@@ -39,9 +41,11 @@ from dlscale.training.precision import Precision
 from dlscale.training.schedule import EpochPlan, LRSchedule, plan_epochs, scaled_lr
 from dlscale.training.step import TrainStep
 from dlscale.training.train_progress import TrainProgress
+from dlscale.training.training_loss import graphs_refusal
 from dlscale.training.training_setup import RunRecord, TrainingSetup, Validation
 from dlscale.workloads import get_workload
 from dlscale.workloads.protocol import Workload
+from dlscale.workloads.user_code import raised_by_workload
 
 log = logging.getLogger("dlscale.train")
 
@@ -57,6 +61,7 @@ class BuiltRun:
     checkpoints: CheckpointDir
     resumed_from: Path | None = None
     profilers: tuple[Observer, ...] = ()  # the profile: section's observers (their markers are in the setup)
+    preflight: PreflightReport | None = None  # what the check of the workload on its first samples saw
 
 
 def batch_sizes(cfg: RunConfig, replicas: int) -> tuple[int, int]:
@@ -81,7 +86,11 @@ def build_training(
     says, and no profiler is attached.
     """
     # A workload whose loss or metrics take parameters from the config is bound to it here.
-    workload = get_workload(cfg.workload).configured(cfg.model, cfg.data)
+    workload = get_workload(cfg.workload)
+    with raised_by_workload(workload, "configured"):
+        workload = workload.configured(cfg.model, cfg.data)
+    if cfg.train.cuda_graphs and workload.training_loss is not None:
+        raise ConfigError(f"{cfg.where}: {graphs_refusal(workload.name)}")
     check_device_support(cfg, device, process)
     if cfg.train.on_nonfinite == "rollback" and not cfg.checkpoint.enabled:
         raise ConfigError(
@@ -97,8 +106,9 @@ def build_training(
         mesh = create_mesh(cfg.parallel, process)
     seed_everything(cfg.train.seed)
 
-    datasets = workload.build_datasets(cfg.data)
-    train_set, valid_set = datasets["train"], datasets["valid"]
+    with raised_by_workload(workload, "build_datasets"):
+        datasets = workload.build_datasets(cfg.data)
+    train_set, valid_set = checked_splits(workload, datasets)
     global_batch, local_batch = batch_sizes(cfg, mesh.dp_size)
     try:
         plan = plan_epochs(len(train_set), global_batch, cfg.train.num_iters, cfg.train.num_epochs)
@@ -110,7 +120,13 @@ def build_training(
         build_profiling(cfg.profile, process.rank, device, plan) if training else (NO_MARKERS, [])
     )
 
-    model = workload.build_model(cfg.model, cfg.data).to(device.torch)
+    with raised_by_workload(workload, "build_model"):
+        model = workload.build_model(cfg.model, cfg.data).to(device.torch)
+    precision = Precision(cfg.train.amp_mode, device)
+    with raised_by_workload(workload, "evaluator"):
+        evaluator = workload.evaluator(valid_set, cfg.log.image_channel)
+    # Before the FLOP count and any wrapper: the first samples through the plain model, loss and evaluator.
+    preflight = preflight_check(workload, model, datasets, evaluator, precision, device)
     # Counted on the plain model: FSDP2 and tensor parallelism change its parameters in place.
     utilization = measure_utilization(workload, model, cfg, device, train_set)
     with errors_naming_the_config(cfg):
@@ -133,7 +149,6 @@ def build_training(
         step_size=cfg.optim.lr_step_epochs * plan.steps_per_epoch,
         gamma=cfg.optim.lr_gamma,
     )
-    precision = Precision(cfg.train.amp_mode, device)
     forward = compile_model(replica, cfg.train.compile_mode) if cfg.train.enable_jit else replica
     step_class, extra = (
         (GraphedTrainStep, {"warmup_steps": cfg.train.graph_warmup_steps, "batch_size": local_batch})
@@ -150,6 +165,7 @@ def build_training(
         forward,
         skip_nonfinite=cfg.train.on_nonfinite == "skip",
         markers=markers,
+        training_loss=workload.training_loss,
         **extra,
     )
 
@@ -194,7 +210,7 @@ def build_training(
         train_loader=train_loader,
         validation=Validation(
             loader=valid_loader,
-            evaluator=workload.evaluator(valid_set, cfg.log.image_channel),
+            evaluator=evaluator,
             # Validation never goes through DDP: its forward would broadcast buffers, a collective that a rank
             # without validation samples would skip.
             predict=precision.wrap_inference(forward if replica is model else model),
@@ -206,7 +222,9 @@ def build_training(
         utilization=utilization,
         markers=markers,
     )
-    built = BuiltRun(cfg, setup, workload, datasets, checkpoints, profilers=tuple(profilers))
+    built = BuiltRun(
+        cfg, setup, workload, datasets, checkpoints, profilers=tuple(profilers), preflight=preflight
+    )
     if resume_from is not None:
         # Restores the RNG last, right before training.
         setup.progress = restore_training(setup, resume_from, checkpoints, cfg.checkpoint.resume_weights_only)
@@ -318,8 +336,8 @@ def describe_run(run: BuiltRun) -> list[str]:
     lines = [
         f"Device: {setup.device.name}; torch {torch.__version__}; {setup.process.world_size} process(es), "
         f"layout {setup.mesh.shape.describe()}",
-        f"Data: train {train_set!r}",
-        f"      valid {valid_set!r}",
+        f"Data: train {describe_dataset(train_set)}",
+        f"      valid {describe_dataset(valid_set)}",
         f"Model: {run.workload.describe_model(setup.model)}",
         f"Optimizer: {optim.optimizer}{' (fused)' if optim.enable_fused else ''}, peak lr "
         f"{setup.schedule.peak_lr:.3g}{lr_note}, {optim.lr_schedule} schedule, warmup {optim.warmup} steps",
@@ -327,6 +345,8 @@ def describe_run(run: BuiltRun) -> list[str]:
         f"{setup.mesh.dp_size} data-parallel rank(s)); {plan.explanation}",
         f"Execution: {describe_execution(cfg, setup.device.is_gpu)}",
     ]
+    if run.preflight is not None:
+        lines.append(run.preflight.describe())
     if setup.utilization is not None:
         u = setup.utilization
         lines.append(f"FLOPs: {u.flops_per_sample / 1e9:.4g} GFLOP per training sample; {u.describe()}")

@@ -27,6 +27,7 @@ from dlscale.checkpoint.sharded_state import local_model_state
 from dlscale.config import RunConfig, load_run_config
 from dlscale.config.run_config import recorded_run_config
 from dlscale.config.yaml_source import read_config_file
+from dlscale.data.dataset_description import describe_dataset
 from dlscale.data.finite_check import FiniteCheckedBatches
 from dlscale.data.pipeline import build_batch_source
 from dlscale.data.sampler import EvaluationSampler
@@ -89,10 +90,13 @@ def evaluate_checkpoint(
             return document
 
 
-def prepare(target: Path, split: str, checkpoint: str | None, overrides: tuple[str, ...]) -> Evaluation:
+def prepare(
+    target: Path, split: str, checkpoint: str | None, overrides: tuple[str, ...], command: str = "evaluate"
+) -> Evaluation:
     """Find the checkpoint and its config, and refuse one that does not fit the config (another workload, or
-    keys that define the weights changed by ``--set`` or by another run's config)."""
-    source = choose_checkpoint(target, checkpoint, "evaluate")
+    keys that define the weights changed by ``--set`` or by another run's config); ``command`` names the
+    command in the messages (``dlscale forecast`` reads checkpoints the same way)."""
+    source = choose_checkpoint(target, checkpoint, command)
     payload = load_checkpoint(source.checkpoint)
     if "model" not in payload:
         raise CheckpointError(f"{source.checkpoint}: has no 'model' entry; there are no weights to evaluate")
@@ -201,13 +205,6 @@ def _evaluate_on_this_rank(evaluation: Evaluation, process: ProcessInfo, device:
     # Rank 0's document (with the files it wrote), as strict JSON reads it back (NaN is None), on every rank.
     shared = share_text_from_main(to_json(document) if process.is_main else None, device)
     return json.loads(shared) if shared is not None else document
-
-
-def describe_dataset(dataset: Any) -> str:
-    """The data set's own repr, or its class and length where it has none (a user's data set)."""
-    if type(dataset).__repr__ is not object.__repr__:
-        return repr(dataset)
-    return f"{type(dataset).__name__} of {len(dataset)} samples"
 
 
 def _position(progress: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.size import estimate_checkpoint_bytes
 from dlscale.checkpoint.training_state import CheckpointRecovery
 from dlscale.config import RunConfig
-from dlscale.errors import DlscaleError, TrainingDiverged
+from dlscale.errors import DlscaleError, TrainingDiverged, WorkloadError
 from dlscale.perf.monitor.memory_lines import MemoryReport
 from dlscale.perf.monitor.observer import MonitorObserver
 from dlscale.report.console import ConsoleReporter
@@ -49,6 +49,7 @@ from dlscale.training.evaluate import evaluate
 from dlscale.training.observer import Observer
 from dlscale.training.trainer import Trainer
 from dlscale.version import __version__
+from dlscale.workloads.user_code import raised_by_workload
 
 log = logging.getLogger("dlscale.train")
 
@@ -118,6 +119,9 @@ def train_and_summarize(
             except TrainingDiverged:
                 ending.alike = True  # the divergence guard makes every rank stop at the same step
                 raise
+            except WorkloadError as exc:
+                log_traceback_to_files(exc)
+                raise
             except (OSError, RuntimeError) as exc:
                 storage = as_storage_error(exc)
                 if storage is not None:
@@ -128,6 +132,17 @@ def train_and_summarize(
     finally:
         if lock is not None:
             lock.release()
+
+
+def log_traceback_to_files(error: WorkloadError) -> None:
+    """The whole traceback of an exception in the workload's code goes to the run's log file (the console
+    shows the error's one line), which the error then names."""
+    if not error.details:
+        return
+    record = logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s", (error.details.rstrip(),), None)
+    files = write_to_log_files([record])
+    if files:
+        error.logged_to = files[0]
 
 
 def _claim_run_directory(lock: RunDirectoryLock, cfg: RunConfig, run_dir: Path) -> DlscaleError | None:
@@ -208,7 +223,9 @@ def _train_on_this_rank(
     try:
         with stop or StopRequest() as stop_request:
             trainer = Trainer(setup, observers, stop_request, recovery)
-            trainer.fit()
+            # A later batch may still fail in the user's code (a data set's sample 517, a loss's corner case).
+            with raised_by_workload(run.workload, None):
+                trainer.fit()
     finally:
         for monitor in monitors:
             monitor.close()  # its sampler thread must not outlive a run that failed

@@ -121,7 +121,35 @@ class ChannelSkill:
 
 @dataclass
 class EvalSummary:
-    """The result of one validation pass."""
+    """The result of one validation pass, what an evaluator's ``summary()`` returns. Where each field goes:
+
+    * ``loss``: the workload's loss, the mean over all validation samples (not over batches). It picks the
+      ``best`` checkpoint, is the ``val_loss`` of the epoch rows and summary.json, and the loss curves' line.
+    * ``scalars``: metric name -> a plain float, means over all samples (summed over data-parallel ranks first).
+      Each is logged every epoch as ``<name>/valid`` (TensorBoard, the metrics CSV and the other loggers)
+      and ends in summary.json's ``final.metrics``.
+    * ``headline``: the key of ``scalars`` that best says how good the model is (the pre-flight check refuses one
+      that is not a key). It follows the loss in the end-of-run line and summary.json (``headline``,
+      ``headline_value``) and is drawn on the loss figure's second axis.
+    * ``lines``: console lines printed after each validation (start them with two spaces, as the built-in ones
+      do): the metrics and baselines in words.
+    * ``baseline_name``: what the baseline is ("persistence", "zeros", "climatology"); None: no baseline.
+    * ``baseline_scalars``: the baseline's values of the same names as ``scalars`` (those it has), plus
+      ``"loss"`` for its loss: the end-of-run line (``Final validation: loss ..., RMSE ...; persistence: loss
+      ..., RMSE ...``), summary.json's ``baseline_loss``, ``baseline_headline`` and ``baseline_metrics``, the
+      loggers' ``<name>/<baseline_name>`` and the dashed lines of the loss figure.
+    * ``example``: one sample's channel as images (prediction, target, and the baseline's when set), drawn
+      as ``figures/prediction_vs_target.png``.
+    * ``class_counts``: a classifier's confusion matrix, for the per-class accuracy and confusion figures.
+    * ``channel_skill``: an error per output channel for the model and the baseline: the end-of-run skill
+      lines (1 - model / baseline per channel, a warning for channels that do not beat the baseline), the
+      ``skill_vs_<baseline>`` figure and summary.json's ``channel_skill``.
+    * ``seconds``: the pass's wall time; :func:`evaluate` sets it (an evaluator leaves it 0).
+    * ``samples``: how many samples the metrics are over, all ranks together (the count of the sums).
+
+    :class:`~dlscale.training.metric_evaluator.MetricEvaluator` fills all but ``class_counts`` from a
+    function of (prediction, target) and an optional baseline.
+    """
 
     loss: float  # the workload's loss, averaged over samples
     scalars: dict[str, float]  # metric name -> value (names are TensorBoard tag stems, e.g. "RMSE(u10m)")
@@ -137,7 +165,25 @@ class EvalSummary:
 
 
 class Evaluator(Protocol):
-    """What a workload provides to measure a model on validation batches."""
+    """What a workload provides to measure a model on validation batches (``Workload.evaluator``).
+
+    The contract, in the order :func:`evaluate` calls it (on every rank, each over its own share of the
+    validation samples; a rank's share may be empty):
+
+    * ``reset()``: forget everything; called before each pass (the same evaluator serves every epoch).
+    * ``update(inputs, targets, predictions)``: one batch, on the run's device, under ``torch.inference_mode``;
+      ``predictions`` may be in the autocast dtype (bf16/fp16): compute in float32 (``.float()``). Keep running
+      *sums* over samples and a sample count (:class:`~dlscale.training.metrics.MetricSums`), not batch means:
+      the last batch is short and ranks hold different numbers of samples.
+    * ``reduce_across_ranks(sum_, device)``: turn this rank's sums into the sums over all ranks, ``sum_``
+      being an in-place all-reduce; every rank must pass the same tensors in the same order, also a rank that
+      saw no sample (declare the sums in ``reset``). Called only when several ranks evaluate.
+    * ``summary() -> EvalSummary``: the means, divided once by the total count (see :class:`EvalSummary`).
+
+    :class:`~dlscale.training.metric_evaluator.MetricEvaluator` does all of it from a ``metrics(prediction,
+    target)`` function and an optional baseline; write one by hand for what it cannot (a classifier's
+    confusion matrix, physical units, a baseline made of whole-split statistics).
+    """
 
     def reset(self) -> None: ...
 

@@ -53,6 +53,8 @@ class GraphedTrainStep(TrainStep):
 
     def __init__(self, *args, batch_size: int, warmup_steps: int = 20, **kwargs):
         super().__init__(*args, **kwargs)
+        if self.training_loss is not None:
+            raise ValueError("a graphed step cannot run a workload's training_loss (see training_loss.py)")
         self.batch_size = batch_size  # capture waits for a full batch (a run may resume at a short last one)
         self.warmup_steps = warmup_steps
         self.capture_optimizer = (

@@ -17,6 +17,7 @@ from dlscale.runtime.distributed import any_rank
 from dlscale.runtime.nvtx import NO_MARKERS, StepMarkers
 from dlscale.training.precision import Precision
 from dlscale.training.schedule import LRSchedule
+from dlscale.training.training_loss import ModelForLoss, TrainingLoss
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -33,6 +34,9 @@ class TrainStep:
     gradient overflows itself (they are routine while it finds its scale), so only the loss is checked.
     ``spike_check`` (loss -> device bool, :class:`~dlscale.training.loss_spike.LossSpikeWatch`) also skips a
     step whose finite loss is an explosion.
+
+    ``training_loss`` (the workload's hook, :mod:`dlscale.training.training_loss`) replaces ``loss_fn(forward(
+    inputs), targets)``: it gets the model (``forward`` under autocast), the batch and the global step.
     """
 
     def __init__(
@@ -47,6 +51,7 @@ class TrainStep:
         markers: StepMarkers = NO_MARKERS,
         skip_nonfinite: bool = False,
         spike_check: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        training_loss: TrainingLoss | None = None,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -63,6 +68,8 @@ class TrainStep:
         self.skipped = False  # the last step's update was skipped (skip_nonfinite and a NaN/inf value)
         self.spike_check = spike_check
         self.last_spike = False  # the last skip was for this rank's loss spiking (for the log line)
+        self.training_loss = training_loss
+        self.model_for_loss = ModelForLoss(self.forward, self.precision)
 
     def set_lr(self, global_step: int) -> None:
         lr = self.schedule.lr_at(global_step)
@@ -72,19 +79,25 @@ class TrainStep:
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor, global_step: int) -> torch.Tensor:
         self.set_lr(global_step)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.forward_backward(inputs, targets)
+        loss = self.forward_backward(inputs, targets, global_step)
         self.update(loss)
         return loss.detach()
 
-    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Forward under autocast, the loss in fp32, and backward (scaled under fp16); returns the loss."""
+    def forward_backward(
+        self, inputs: torch.Tensor, targets: torch.Tensor, global_step: int = 0
+    ) -> torch.Tensor:
+        """Forward under autocast, the loss in fp32 (or the workload's ``training_loss`` of the batch at
+        ``global_step``), and backward (scaled under fp16); returns the loss."""
         with self.markers.range("forward"):
-            with self.precision.autocast():
-                predictions = self.forward(inputs)
-            loss = self.loss_fn(predictions.float(), targets)
-            # Autograd keeps what backward needs; holding the output here too would keep one more full-size
-            # output tensor alive through backward, at the step's memory peak.
-            del predictions
+            if self.training_loss is not None:
+                loss = self.training_loss(self.model_for_loss, (inputs, targets), global_step)
+            else:
+                with self.precision.autocast():
+                    predictions = self.forward(inputs)
+                loss = self.loss_fn(predictions.float(), targets)
+                # Autograd keeps what backward needs; holding the output here too would keep one more full-size
+                # output tensor alive through backward, at the step's memory peak.
+                del predictions
         with self.markers.range("backward"):
             self.precision.backward(loss)
         return loss

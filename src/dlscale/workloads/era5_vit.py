@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from dlscale.data.era5.dataset import ERA5Dataset
+    from dlscale.data.era5.trajectories import ERA5Trajectories
     from dlscale.models.vit import VisionTransformer
     from dlscale.workloads.era5_metrics import ERA5Evaluator
 
@@ -41,6 +42,11 @@ class ERA5ViT(Workload):
         """``valid``, or ``test``: the held-out years of ``data.inf_data_path`` (the tutorial's ``test/``)."""
         from dlscale.data.era5.dataset import ERA5Dataset
 
+        self._check_held_out_split(data_cfg, split)
+        return ERA5Dataset(data_cfg, split)
+
+    def _check_held_out_split(self, data_cfg: ERA5DataConfig, split: str) -> None:
+        """One line naming the split and what the workload offers, when ``split`` is no held-out directory."""
         keys = {"valid": "valid_data_path", "test": "inf_data_path"}
         if split not in keys:
             raise split_not_offered(self.name, split, list(keys))
@@ -51,7 +57,6 @@ class ERA5ViT(Workload):
                 f"{directory} is no directory of *.h5 files ({where}; --set data.root=DIR if the data moved)"
             )
             raise split_not_offered(self.name, split, list(keys), why)
-        return ERA5Dataset(data_cfg, split)
 
     def build_model(self, model_cfg: ViTConfig, data_cfg: ERA5DataConfig) -> VisionTransformer:
         from dlscale.models.vit import VisionTransformer
@@ -102,6 +107,15 @@ class ERA5ViT(Workload):
             "output_mean": dataset.means[:n_out].reshape(-1, 1, 1),
             "output_std": dataset.stds[:n_out].reshape(-1, 1, 1),
         }
+
+    def forecast_data(self, data_cfg: ERA5DataConfig, split: str) -> ERA5Trajectories:
+        """The ``valid`` or ``test`` years as trajectories for ``dlscale forecast`` (20 channels in and out: the
+        prediction is the next input), with each channel's unit and name."""
+        from dlscale.data.era5.trajectories import ERA5Trajectories
+        from dlscale.workloads.era5_metrics import CHANNEL_QUANTITIES
+
+        self._check_held_out_split(data_cfg, split)
+        return ERA5Trajectories(data_cfg, split, CHANNEL_QUANTITIES)
 
     def describe_model(self, model: VisionTransformer) -> str:
         from dlscale.models.vit import count_parameters

@@ -23,10 +23,22 @@ Required members (no default; a missing one is an error that names it):
 Optional members, and what dlscale does without them:
 
 * ``name: str``: the workload's name in logs and checkpoints (default: the reference it was found by).
-* ``evaluator(valid_dataset, image_channel) -> Evaluator``: validation metrics (see
-  :class:`dlscale.training.evaluate.Evaluator`; call ``reduce_across_ranks`` so data-parallel ranks agree).
+* ``evaluator(valid_dataset, image_channel) -> Evaluator``: validation metrics (the contract and every field
+  of its ``EvalSummary``: :mod:`dlscale.training.evaluate`). Your metrics against a baseline in a few lines:
+  ``MetricEvaluator(valid_dataset, self.loss, metrics, baseline)``
+  (:class:`~dlscale.training.metric_evaluator.MetricEvaluator`: ``metrics(prediction, target)`` returns
+  named errors, per sample or the batch's mean; ``baseline(inputs, targets)`` predicts as persistence,
+  climatology or zeros would; means over all samples and ranks, and the skill ``1 - model / baseline``).
   Default: :class:`~dlscale.training.loss_evaluator.LossEvaluator`, the mean validation loss per sample and,
   for ``(batch, channels, H, W)`` outputs, the prediction-vs-target image of one channel.
+* ``training_loss(model, batch, step) -> scalar tensor``: the training loss of a batch when it needs more
+  than ``loss(model(inputs), targets)``: a multi-step rollout (the model applied to its own output), a
+  physics penalty, several inputs packed in one tensor. ``model`` is the run's model as a function (under the
+  run's autocast, data-parallel and compiled as configured; float32 predictions; call it as often as needed),
+  ``batch`` the ``(inputs, targets)`` tensors on the device, ``step`` the 0-based global step (for schedules
+  of the loss; a resumed run continues it). Validation, ``loss`` and the evaluator still see
+  ``model(inputs)`` against the ``valid`` targets. Not with ``train.cuda_graphs``. Default: None, the
+  training loss is ``loss(model(inputs), targets)`` (:mod:`dlscale.training.training_loss`).
 * ``build_split(data_cfg, split) -> Dataset``: the data set of one held-out split for ``dlscale evaluate``
   (``valid``, ``test``, or any other name the workload knows). Default: that entry of ``build_datasets``, so a
   workload whose ``build_datasets`` also returns ``"test"`` offers it; a split it has not is one line naming
@@ -40,6 +52,10 @@ Optional members, and what dlscale does without them:
   and ``output_mean``, ``output_std`` (its outputs in the data's units are ``y * output_std + output_mean``),
   each broadcasting against one sample, e.g. ``(channels, 1, 1)``; a missing pair is no such step. Default:
   none (the model reads the data as it is and its outputs need no conversion).
+* ``forecast_data(data_cfg, split) -> Trajectories``: the held-out ``split`` as trajectories of states along
+  time (:class:`dlscale.data.trajectories.Trajectories`), for ``dlscale forecast``'s autoregressive rollouts,
+  where the model's output is fed back as its next input (same shape in as out). Default: the workload cannot
+  roll out, and ``dlscale forecast`` says so in one line.
 * ``forward_flops_per_sample(model_cfg, data_cfg) -> int | None``: analytic forward FLOPs of one sample, for
   TFLOP/s and MFU. Default None: counted once with ``torch.utils.flop_counter`` on one batch.
 * ``fsdp_units(model) -> Sequence[nn.Module]``: submodules FSDP2 shards one by one (a transformer's blocks),
@@ -61,7 +77,7 @@ time, and the built-in workloads import theirs inside their methods, so reading 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from dlscale.errors import ConfigError, DataError
@@ -70,6 +86,7 @@ if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
 
+    from dlscale.data.trajectories import Trajectories
     from dlscale.parallel.mesh import ParallelMesh
     from dlscale.training.evaluate import Evaluator
 
@@ -95,6 +112,9 @@ class Workload(Protocol):
         ...
 
     # ------------------------------------------------------------------------------ optional, with defaults
+
+    # training_loss(model, batch, step) -> the batch's scalar loss; None: loss(model(inputs), targets)
+    training_loss: ClassVar[Callable[..., torch.Tensor] | None] = None
 
     def evaluator(self, valid_dataset: Dataset, image_channel: str | None = None) -> Evaluator:
         """The validation metrics (``image_channel``: ``log.image_channel``); default: the mean loss."""
@@ -138,6 +158,13 @@ class Workload(Protocol):
     def forward_flops_per_sample(self, model_cfg: Any, data_cfg: Any) -> int | None:
         """Analytic forward FLOPs of one sample, or None to count them (the default)."""
         return None
+
+    def forecast_data(self, data_cfg: Any, split: str) -> Trajectories:
+        """``split`` as trajectories along time for ``dlscale forecast`` (default: the workload cannot roll out)."""
+        raise DataError(
+            f"workload {self.name!r} cannot roll out: it has no forecast_data member, which gives a held-out split "
+            "as states along time (see dlscale.workloads.protocol; the ERA5 workload has one)"
+        )
 
 
 def split_not_offered(workload: str, split: str, offered: Sequence[str], why: str = "") -> DataError:

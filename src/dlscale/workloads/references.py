@@ -30,8 +30,9 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
-from dlscale.errors import ConfigError, did_you_mean
+from dlscale.errors import ConfigError, DlscaleError, did_you_mean
 from dlscale.workloads.protocol import Workload
+from dlscale.workloads.user_code import error_from_user_code, files_of_module
 
 ENTRY_POINT_GROUP = "dlscale.workloads"
 
@@ -57,6 +58,7 @@ OPTIONAL_MEMBERS = (
     "fsdp_units",
     "forward_flops_per_sample",
     "normalization_stats",
+    "training_loss",
 )
 
 
@@ -126,6 +128,15 @@ def load_workload(reference: str, import_path: str) -> Workload:
             f"workload {reference!r}: module {module_name!r} imports {exc.name!r}, which is not installed; "
             "install it where dlscale runs"
         ) from None
+    except DlscaleError:
+        raise
+    except Exception as exc:
+        # The module's own code failed: one line naming its file:line, when the rule says it is the user's.
+        importing = f"importing module {module_name!r}"
+        error = error_from_user_code(exc, reference, importing, files_of_module(module_name))
+        if error is None:
+            raise
+        raise error from exc
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise ConfigError(f"workload {reference!r}: {import_path} has no attribute {part!r}")

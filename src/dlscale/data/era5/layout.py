@@ -44,6 +44,8 @@ ERA5_CHANNELS: tuple[str, ...] = (
 )
 
 FIELDS_KEY = "fields"
+# Coordinates an imported file also holds (dlscale data import-era5): time in seconds since 1970, degrees.
+TIME_KEY, LATITUDE_KEY, LONGITUDE_KEY = "time", "latitude", "longitude"
 
 # The shipped configs' real-data root is ${DLSCALE_ERA5_DATA:-/data}.
 ERA5_DATA_VARIABLE = "DLSCALE_ERA5_DATA"

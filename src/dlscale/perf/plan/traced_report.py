@@ -40,7 +40,17 @@ class TracedPlanContext:
 
 
 def _gb(value: int) -> str:
-    return f"{value / GIB:.2f}"
+    return format_gb(value)
+
+
+def format_gb(value: float) -> str:
+    """Bytes as GB for the table: two decimals, or a small model's few MB in scientific notation ("2.9e-3"),
+    which two decimals would print as 0.00 in every column (6 characters at most either way)."""
+    gb = value / GIB
+    if gb == 0 or gb >= 0.01:
+        return f"{gb:.2f}"
+    mantissa, _, exponent = f"{gb:.1e}".partition("e")
+    return f"{mantissa}e{int(exponent)}"
 
 
 def table_row(row: TracedRow) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 from dlscale.config import RunConfig
 from dlscale.run.assembly import batch_sizes
 from dlscale.training.schedule import scaled_lr
-from dlscale.tune.knobs import BATCH_KEY, SETTING_KEYS
+from dlscale.tuning.knobs import BATCH_KEY, SETTING_KEYS
 
 
 def read_settings(cfg: RunConfig, data_parallel_ranks: int) -> dict[str, Any]:

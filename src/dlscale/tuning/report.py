@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from dlscale.config.yaml_source import dump_yaml
 from dlscale.perf.bench.intervals import mean_interval
-from dlscale.tune.climb import TrialRecord, TuneResult
+from dlscale.tuning.climb import TrialRecord, TuneResult
 
 
 def changed_sections(original: Mapping[str, Any], tuned: Mapping[str, Any]) -> dict[str, Any]:

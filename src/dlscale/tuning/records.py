@@ -1,6 +1,6 @@
 """What one throughput measurement and one numerics check of a tune found, as plain JSON-able records.
 
-Both are kept in the tune's cache (:mod:`dlscale.tune.cache`) and in its JSON record, so a resumed tune and a
+Both are kept in the tune's cache (:mod:`dlscale.tuning.cache`) and in its JSON record, so a resumed tune and a
 reader of the record see the same numbers.
 """
 

@@ -3,7 +3,7 @@
 Starting from the config as it is:
 
 1. measure the current settings (IO, SYNTHETIC and FULL trials) and read the verdict;
-2. take the first knob of the verdict's group (:mod:`dlscale.tune.knobs`) that was not decided yet, and measure
+2. take the first knob of the verdict's group (:mod:`dlscale.tuning.knobs`) that was not decided yet, and measure
    the settings with its change;
 3. keep it only when FULL's speed-up over the current settings is faster beyond the noise
    (:func:`dlscale.perf.bench.intervals.compare_throughputs`); a change that looks worthwhile but is within the
@@ -33,15 +33,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from dlscale.perf.bench.intervals import SpeedComparison, compare_throughputs, mean_interval
-from dlscale.tune.cache import TuneCache, settings_key
-from dlscale.tune.knobs import BATCH_KEY, Candidate, TuneContext, apply_changes, candidates_for
-from dlscale.tune.records import Measurement, NumericsCheck
+from dlscale.tuning.cache import TuneCache, settings_key
+from dlscale.tuning.knobs import BATCH_KEY, Candidate, TuneContext, apply_changes, candidates_for
+from dlscale.tuning.records import Measurement, NumericsCheck
 
 log = logging.getLogger("dlscale.tune")
 
 
 class TuneBackend(Protocol):
-    """Measures settings and checks their numerics (the real one: :mod:`dlscale.tune.run_backend`)."""
+    """Measures settings and checks their numerics (the real one: :mod:`dlscale.tuning.run_backend`)."""
 
     def measure(self, settings: dict[str, Any]) -> Measurement:
         """Throughput trials of ``settings``; an out-of-memory or a failed build is a status, not a raise."""

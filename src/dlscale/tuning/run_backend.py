@@ -34,10 +34,10 @@ from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import share_text_from_main
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.runtime.strict_json import to_json
-from dlscale.tune.cache import settings_key
-from dlscale.tune.knobs import BATCH_KEY
-from dlscale.tune.records import Measurement, NumericsCheck
-from dlscale.tune.settings import config_keys, run_length_keys
+from dlscale.tuning.cache import settings_key
+from dlscale.tuning.knobs import BATCH_KEY
+from dlscale.tuning.records import Measurement, NumericsCheck
+from dlscale.tuning.settings import config_keys, run_length_keys
 
 log = logging.getLogger("dlscale.tune")
 
@@ -68,11 +68,16 @@ class ConfigSource:
     config: str
     overrides: tuple[str, ...] = ()
     flag_values: Mapping[str, Any] | None = None
+    workload: str | None = None  # a workload reference in place of the config's workload: key
 
     def load(self, extra: Mapping[str, Any] | None = None) -> RunConfig:
         """The config with ``extra`` keys applied last."""
         return load_run_config(
-            self.yaml_config, self.config, list(self.overrides), {**(self.flag_values or {}), **(extra or {})}
+            self.yaml_config,
+            self.config,
+            list(self.overrides),
+            {**(self.flag_values or {}), **(extra or {})},
+            workload=self.workload,
         )
 
 

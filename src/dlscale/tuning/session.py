@@ -2,7 +2,7 @@
 
 Files (``out`` is the tuned YAML; everything else goes beside it):
 
-* ``<out>``: the tuned config (:mod:`dlscale.tune.report`); ``<out>.md``, ``.png``, ``.json``: the climb;
+* ``<out>``: the tuned config (:mod:`dlscale.tuning.report`); ``<out>.md``, ``.png``, ``.json``: the climb;
 * ``<stem>_trials/cache.json``: the finished trials, so that the same command continues an interrupted tune;
   ``<stem>_trials/tune.log``: the tune's log; ``trials/`` and ``checks/``: each trial's bench JSON and each
   numerics check's short run.
@@ -32,10 +32,10 @@ from dlscale.runtime.distributed import is_distributed, share_text_from_main
 from dlscale.runtime.launch import detect_process
 from dlscale.runtime.storage import as_storage_error, probe_writable
 from dlscale.runtime.strict_json import to_json
-from dlscale.tune.cache import TuneCache
-from dlscale.tune.climb import Climb, TuneFailed, TuneOptions, TuneResult
-from dlscale.tune.knobs import BATCH_KEY, TuneContext
-from dlscale.tune.report import (
+from dlscale.tuning.cache import TuneCache
+from dlscale.tuning.climb import Climb, TuneFailed, TuneOptions, TuneResult
+from dlscale.tuning.knobs import BATCH_KEY, TuneContext
+from dlscale.tuning.report import (
     changed_sections,
     extends_reference,
     tune_document,
@@ -44,8 +44,8 @@ from dlscale.tune.report import (
     tuned_yaml,
     yaml_header,
 )
-from dlscale.tune.run_backend import ConfigSource, RunBackend, TrialLengths
-from dlscale.tune.settings import config_keys, lr_note, read_settings, run_length_keys
+from dlscale.tuning.run_backend import ConfigSource, RunBackend, TrialLengths
+from dlscale.tuning.settings import config_keys, lr_note, read_settings, run_length_keys
 from dlscale.version import __version__
 
 log = logging.getLogger("dlscale.tune")
@@ -78,10 +78,11 @@ def run_tune(
     def tune_logging() -> None:
         setup_logging(work_dir / "tune.log", enabled=process.is_main)
 
+    # The config first: a wrong key, value or workload is one line and leaves no directory behind.
+    start_cfg = source.load()
     if process.is_main:
         probe_writable(work_dir)  # a read-only or full disk is one line now, not after the first trial
     tune_logging()
-    start_cfg = source.load()
     log.info(
         "dlscale %s tune: config %r from %s, budget %.3g min",
         __version__,

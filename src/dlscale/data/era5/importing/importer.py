@@ -1,0 +1,288 @@
+"""`dlscale data import-era5`: ERA5 from a zarr store or netCDF files into the tutorial's HDF5 layout.
+
+    OUT/train|valid|test/<year>.h5   dataset `fields` (time, channel, lat, lon) float32, latitude north to south
+    OUT/stats/global_means.npy, global_stds.npy (1, C, 1, 1), time_means.npy (1, C, H, W): train years only
+    OUT/manifest.json                source, selection, grid, versions (written last)
+
+The source is streamed in blocks of whole time steps (``block_mb`` of float32 each), so memory stays a few
+blocks whatever the size of a year (121 GB at 0.25 degree and 20 channels). The channels of a block are read
+by ``readers`` threads (zarr decompresses outside the GIL), and the next block is read while the current one
+is written. Each block is checked for NaN/inf (the reader would pass them to the loss), added to the
+statistics when its year is a training year, and written into a contiguous, uncompressed ``fields``: the
+layout the reader maps into memory instead of calling HDF5 per sample (benchmarks/era5_import_throughput.py
+measures both read paths on an imported file).
+
+Latitude runs north to south, as in the tutorial's files (and as dlscale's latitude weights assume): a south
+to north source (some WeatherBench2 stores) is flipped. Every row is kept: 721 rows at 0.25 degree (both
+poles), where the tutorial's 0.5 degree files have 361; the config's ``img_size`` crops from the top-left,
+so ``img_size: [720, 1440]`` drops the south pole's row and is divisible by the ViT's patch size 8.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dlscale.data.era5.importing.names import ChannelSource, resolve_channels
+from dlscale.data.era5.importing.output import (
+    GENERATOR,
+    MANIFEST_FILE,
+    PLAN_FILE,
+    claim_output,
+    finished_year_matches,
+    release_new_output,
+    remove_stale_temporaries,
+)
+from dlscale.data.era5.importing.plan import DEFAULT_SPLIT, YearFile, check_dt, parse_split, year_files
+from dlscale.data.era5.importing.progress import ByteProgress
+from dlscale.data.era5.importing.source import ERA5Source, open_source
+from dlscale.data.era5.importing.statistics import StreamingChannelStats
+from dlscale.data.era5.importing.year_writer import BlockReader, add_finished_file, write_year
+from dlscale.data.era5.layout import ERA5_CHANNELS
+from dlscale.errors import DataError
+from dlscale.runtime.atomic_files import (
+    write_atomically,
+    write_bytes_atomically,
+    write_text_atomically,
+)
+from dlscale.runtime.storage import as_storage_error
+from dlscale.runtime.strict_json import to_json
+from dlscale.version import __version__
+
+STATS_FILES = ("global_means.npy", "global_stds.npy", "time_means.npy")
+
+
+@dataclass(frozen=True)
+class ImportRequest:
+    """What to import (``dlscale data import-era5 --help`` lists the matching options)."""
+
+    source: str
+    out: Path
+    channels: tuple[str, ...] = ERA5_CHANNELS
+    dt_hours: int = 6
+    split: str = DEFAULT_SPLIT
+    allow_nan: bool = False
+    block_mb: float = 256.0
+    readers: int = 4
+    progress: str = "auto"
+
+
+@dataclass
+class ImportResult:
+    """What an import did, for the closing lines and the next step."""
+
+    out: Path
+    height: int
+    width: int
+    channels: list[str]
+    written: list[str] = field(default_factory=list)  # split/year.h5 written by this run
+    skipped: list[str] = field(default_factory=list)  # finished by an earlier run
+    bytes_written: int = 0
+    seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    already_complete: bool = False
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes_written / 1e9 / self.seconds if self.seconds > 0 else 0.0
+
+
+def import_era5(request: ImportRequest, report: Callable[[str], None] = print) -> ImportResult:
+    """Import ``request.source`` into ``request.out``; every check that needs no data values comes before the
+    first write, so bad input leaves nothing behind."""
+    check_dt(request.dt_hours)
+    split_of_year = parse_split(request.split)
+    started = time.perf_counter()
+    source = open_source(request.source)
+    try:
+        bindings = resolve_channels(request.channels, source.levels_of_variables(), source.description)
+        files = _plan_files(source, bindings, request, split_of_year)
+        latitude = source.latitude if source.north_to_south else source.latitude[::-1]
+        result = ImportResult(request.out, len(latitude), len(source.longitude), list(request.channels))
+        selection = _selection(bindings, request, files, latitude, source.longitude)
+        status = claim_output(request.out, selection)
+        if status == "complete":
+            result.already_complete = True
+            return result
+        try:
+            _import_files(source, bindings, request, files, latitude, result, status, report)
+        except BaseException as exc:
+            release_new_output(request.out, status)
+            storage = as_storage_error(exc) if isinstance(exc, OSError) else None
+            if storage is not None:
+                raise storage from exc
+            if isinstance(exc, DataError) and result.written + result.skipped:
+                kept = len(result.written) + len(result.skipped)
+                raise DataError(
+                    f"{exc} ({kept} finished year files in {request.out} are kept; a rerun continues)"
+                ) from exc
+            raise
+        _write_manifest(request, source, selection, files)
+    finally:
+        source.close()
+    result.seconds = time.perf_counter() - started
+    result.peak_rss_bytes = peak_rss_bytes()
+    return result
+
+
+def _plan_files(
+    source: ERA5Source, bindings: list[ChannelSource], request: ImportRequest, split_of_year: dict[int, str]
+) -> list[YearFile]:
+    """The year files, from the first channel's time axis; every other variable must have those steps."""
+    first = source.variables[bindings[0].variable]
+    files = year_files(first.times, request.dt_hours, split_of_year, source.description)
+    wanted = np.concatenate([file.times for file in files])
+    for binding in bindings[1:]:
+        times = source.variables[binding.variable].times
+        missing = wanted[~np.isin(wanted, times)]
+        if len(missing):
+            raise DataError(
+                f"{source.description}: variable {binding.variable!r} (channel {binding.name}) lacks "
+                f"{len(missing)} of the selected time steps, the first {np.datetime_as_string(missing[0], unit='h')}"
+                f" (variable {first.name!r} has them); every channel needs every step"
+            )
+    return files
+
+
+def _selection(
+    bindings: list[ChannelSource],
+    request: ImportRequest,
+    files: list[YearFile],
+    latitude: np.ndarray,
+    longitude: np.ndarray,
+) -> dict:
+    """What makes two imports the same data set (the source's path may move; its content is checked per year)."""
+    return {
+        "channels": [{"name": b.name, "variable": b.variable, "level_hpa": b.level_hpa} for b in bindings],
+        "dt_hours": request.dt_hours,
+        "years": {split: [f.year for f in files if f.split == split] for split in ("train", "valid", "test")},
+        "grid": {
+            "height": len(latitude),
+            "width": len(longitude),
+            "latitude": [float(latitude[0]), float(latitude[-1])],
+            "longitude": [float(longitude[0]), float(longitude[-1])],
+        },
+    }
+
+
+def _import_files(
+    source: ERA5Source,
+    bindings: list[ChannelSource],
+    request: ImportRequest,
+    files: list[YearFile],
+    latitude: np.ndarray,
+    result: ImportResult,
+    status: str,
+    report: Callable[[str], None],
+) -> None:
+    out, channels = request.out, list(request.channels)
+    height, width = len(latitude), len(source.longitude)
+    step_bytes = len(channels) * height * width * 4
+    if status == "resume":
+        for stale in remove_stale_temporaries(out):
+            report(f"import-era5: removed {stale}, the unfinished file of an interrupted import")
+    finished = {
+        (f.split, f.year): finished_year_matches(
+            out / f.split / f"{f.year}.h5", f.times, latitude, source.longitude, channels
+        )
+        for f in files
+    }
+    to_write = [f for f in files if not finished[(f.split, f.year)]]
+    if len(to_write) < len(files):
+        report(
+            f"import-era5: {len(files) - len(to_write)} finished year files kept, {len(to_write)} to import"
+        )
+    stats = StreamingChannelStats(len(channels), height, width)
+    progress = ByteProgress(sum(len(f.times) for f in to_write) * step_bytes, report, request.progress)
+    steps_per_block = max(1, int(request.block_mb * 2**20) // step_bytes)
+    max_steps = max((len(f.times) for f in to_write), default=1)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, request.readers)) as pool:
+            reader = BlockReader(pool, source, bindings, min(steps_per_block, max_steps))
+            for file in files:
+                path = out / file.split / f"{file.year}.h5"
+                name = f"{file.split}/{file.year}.h5"
+                if finished[(file.split, file.year)]:
+                    result.skipped.append(name)
+                    if file.split == "train":
+                        add_finished_file(stats, path, steps_per_block)
+                    continue
+                blocks = reader.blocks(file.times)
+                path.parent.mkdir(parents=True, exist_ok=True)
+
+                def fill(tmp: Path, file: YearFile = file, blocks: Iterator = blocks) -> None:
+                    write_year(
+                        tmp,
+                        file,
+                        blocks,
+                        bindings,
+                        (latitude, source.longitude),
+                        stats,
+                        progress,
+                        dt_hours=request.dt_hours,
+                        allow_nan=request.allow_nan,
+                        source=source.description,
+                    )
+
+                write_atomically(path, fill)
+                result.written.append(name)
+                result.bytes_written += len(file.times) * step_bytes
+    finally:
+        progress.close()
+    _write_stats(out / "stats", stats)
+
+
+def _write_stats(directory: Path, stats: StreamingChannelStats) -> None:
+    directory.mkdir(exist_ok=True)
+    arrays = (stats.means(), stats.stds(), stats.time_means())
+    for name, array in zip(STATS_FILES, arrays, strict=True):
+        write_bytes_atomically(directory / name, lambda f, array=array: np.save(f, array, allow_pickle=False))
+
+
+def _write_manifest(
+    request: ImportRequest, source: ERA5Source, selection: dict, files: list[YearFile]
+) -> None:
+    manifest = {
+        "generator": GENERATOR,
+        "selection": selection,
+        "source": {
+            "path": source.description,
+            "format": source.kind,
+            "latitude_flipped": not source.north_to_south,
+        },
+        "steps": {f"{f.split}/{f.year}.h5": len(f.times) for f in files},
+        "statistics": "global_means, global_stds and time_means over the train years",
+        "versions": versions(),
+    }
+    write_text_atomically(request.out / MANIFEST_FILE, to_json(manifest))
+    (request.out / PLAN_FILE).unlink(missing_ok=True)
+
+
+def versions() -> dict[str, str]:
+    """The versions of dlscale and of the libraries that read the source and wrote the files."""
+    found = {"dlscale": __version__, "python": sys.version.split()[0]}
+    for package in ("xarray", "zarr", "h5netcdf", "h5py", "numpy"):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (its high-water mark since it started)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def default_readers() -> int:
+    return max(1, min(8, os.cpu_count() or 1))

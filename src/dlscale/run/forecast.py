@@ -1,0 +1,249 @@
+"""``dlscale forecast``: roll a trained model forward for days from many initial times and score every lead.
+
+The checkpoint and its config are found as ``dlscale evaluate`` finds them (:func:`dlscale.run.evaluation.prepare`:
+any layout's checkpoint, the run's config with ``--set`` changes). The workload gives the split as trajectories
+(its ``forecast_data`` member); :func:`dlscale.training.rollout.roll_out` feeds each prediction back as the next
+input, in inference mode with the run's precision, a batch of initial times at a time. Everything that can be
+checked is checked before the first step (the split, the lead against the data's reach, the initial times, the
+output format and its memory); rank 0 of one process writes ``forecast/<split>-<checkpoint>/`` at the end, in
+one piece (see :mod:`dlscale.report.forecast_report`).
+
+One process: the rollouts of a tutorial-sized model are cheap next to its training (see
+``benchmarks/forecast_throughput.py``); initial times are the natural unit to share among ranks when a model
+needs more, which is left for when one does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from dlscale.checkpoint.files import load_model_state
+from dlscale.checkpoint.sharded_state import local_model_state
+from dlscale.data.trajectories import ForecastStart, Trajectories
+from dlscale.errors import ConfigError
+from dlscale.report.figures import save_png
+from dlscale.report.forecast_files import (
+    FORMATS,
+    check_writable_format,
+    forecast_dataset,
+    write_forecast_file,
+)
+from dlscale.report.forecast_report import (
+    MAP_DAYS,
+    MAPS_FIGURE,
+    SCORES_CSV,
+    SCORES_JSON,
+    SKILL_FIGURE,
+    forecast_document,
+    lead_indices_at_days,
+    log_forecast,
+    map_channel,
+    maps_figure,
+    scores_csv,
+    skill_figure,
+)
+from dlscale.report.progress_display import PassProgress
+from dlscale.report.run_dir import early_logging
+from dlscale.run.evaluation import Evaluation, prepare
+from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD, choose_starts, format_hours, lead_steps
+from dlscale.runtime.atomic_files import write_directory_atomically
+from dlscale.runtime.device import Device
+from dlscale.runtime.launch import detect_process
+from dlscale.runtime.rng import seed_everything
+from dlscale.runtime.storage import as_storage_error
+from dlscale.runtime.strict_json import to_json
+from dlscale.training.precision import Precision
+from dlscale.training.rollout import Rollout, roll_out
+from dlscale.version import __version__
+
+log = logging.getLogger("dlscale.train")
+
+FORECAST_DIR = "forecast"
+# The share of the memory available now that forecasts kept for --write may take.
+KEPT_MEMORY_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ForecastOptions:
+    """What to roll out: the split, the lead, the initial times, the batch and what to write."""
+
+    split: str = "test"
+    lead: str = DEFAULT_LEAD
+    init: str = DEFAULT_INIT
+    init_count: int | None = None
+    batch_size: int | None = None  # initial times rolled out together (default: the run's global batch)
+    write: str | None = None  # "netcdf" or "zarr": the forecasts themselves
+
+
+@dataclass
+class ForecastResult:
+    """The document (``scores.json``), and the rollout (with the forecasts when they were kept)."""
+
+    document: dict[str, Any]
+    rollout: Rollout
+    starts: list[ForecastStart]
+
+
+def forecast_checkpoint(
+    target: str | Path,
+    options: ForecastOptions = ForecastOptions(),
+    checkpoint: str | None = None,
+    overrides: Sequence[str] = (),
+) -> ForecastResult:
+    """Forecast from the checkpoint that ``target`` and ``checkpoint`` name (see
+    :func:`dlscale.checkpoint.selection.choose_checkpoint`); bad input raises a DlscaleError before anything is
+    written."""
+    process = detect_process()
+    if process.world_size > 1:
+        raise ConfigError(
+            f"dlscale forecast runs in one process ({process.world_size} were launched): start it without torchrun"
+        )
+    with early_logging(process.is_main):
+        evaluation = prepare(
+            Path(target).expanduser(), options.split, checkpoint, tuple(overrides), "forecast"
+        )
+        return _forecast(evaluation, options, Device.select(process.local_rank))
+
+
+def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) -> ForecastResult:
+    cfg, workload = evaluation.config, evaluation.workload
+    if options.write is not None:
+        check_writable_format(options.write)
+    if options.batch_size is not None and options.batch_size < 1:
+        raise ConfigError(f"--batch-size {options.batch_size}: expected a number of initial times >= 1")
+    trajectories = workload.forecast_data(cfg.data, options.split)
+    steps = lead_steps(options.lead, trajectories.step_hours)
+    candidates = trajectories.starts()
+    where = f"in the {options.split} split"
+    starts = choose_starts(
+        candidates,
+        [trajectories.reach(start) for start in candidates],
+        steps,
+        trajectories.step_hours,
+        trajectories.hours_per_state,
+        options.init,
+        options.init_count,
+        where,
+    )
+    if options.write is not None:
+        _check_memory_for_forecasts(len(starts), steps, trajectories)
+
+    device.configure(cfg.train.deterministic, tf32=cfg.train.tf32)
+    seed_everything(cfg.train.seed)
+    model = workload.build_model(cfg.model, cfg.data).to(device.torch).eval()
+    checkpoint = evaluation.source.checkpoint
+    load_model_state(model, local_model_state(model, evaluation.payload["model"]), str(checkpoint))
+    predict = Precision(cfg.train.amp_mode, device).wrap_inference(model)
+    batch_size = options.batch_size or cfg.train.global_batch_size
+    map_leads = [lead for _, lead in lead_indices_at_days(MAP_DAYS, trajectories.step_hours, steps)] or [
+        steps
+    ]
+    log.info(
+        "Forecasting with %s: %s; %d initial times (%s .. %s), leads up to %s (%d steps), batches of %d, on %s",
+        checkpoint,
+        trajectories.describe(),
+        len(starts),
+        starts[0].describe(),
+        starts[-1].describe(),
+        format_hours(steps * trajectories.step_hours),
+        steps,
+        batch_size,
+        device.name,
+    )
+    progress = cfg.log.progress, cfg.log.progress_interval_s
+    rollout = roll_out(
+        predict,
+        trajectories,
+        starts,
+        steps,
+        batch_size,
+        device.torch,
+        synchronize=device.synchronize,
+        keep_forecasts=options.write is not None,
+        map_leads=map_leads,
+        show_progress=lambda batches: PassProgress(batches, f"{options.split} rollouts", *progress),
+    )
+    identity = {
+        "split": options.split,
+        "checkpoint": str(checkpoint),
+        "checkpoint_name": evaluation.source.name,
+        "run_dir": str(evaluation.source.run_dir) if evaluation.source.run_dir is not None else None,
+        "config": cfg.name,
+        "workload": workload.name,
+        "overrides": list(evaluation.overrides),
+        "global_step": (evaluation.payload.get("progress") or {}).get("global_step"),
+        "data": trajectories.describe(),
+        "lead": options.lead,
+        "init": options.init,
+        "init_count": options.init_count,
+        "batch_size": batch_size,
+        "amp_mode": cfg.train.amp_mode,
+        "device": device.name,
+        "dlscale_version": __version__,
+        "torch_version": str(torch.__version__),
+    }
+    document = forecast_document(rollout, trajectories, identity, [start.describe() for start in starts])
+    output_dir = evaluation.source.output_dir / FORECAST_DIR / f"{options.split}-{evaluation.source.name}"
+    written = _write(output_dir, document, rollout, trajectories, starts, options.write)
+    log_forecast(document, written)
+    # The document as strict JSON reads it back (NaN is None), as scores.json holds it.
+    return ForecastResult(json.loads(to_json(document)), rollout, starts)
+
+
+def _check_memory_for_forecasts(count: int, steps: int, trajectories: Trajectories) -> None:
+    """Refuse, before the rollout, to keep more forecasts for --write than half the memory available."""
+    height, width = len(trajectories.latitudes), len(trajectories.longitudes)
+    needed = count * steps * len(trajectories.channel_names) * height * width * 4
+    available = psutil.virtual_memory().available
+    if needed > KEPT_MEMORY_SHARE * available:
+        raise ConfigError(
+            f"--write keeps the whole forecast in memory until it is written: {needed / 1e9:.1f} GB for {count} "
+            f"initial times x {steps} leads, more than half of the {available / 1e9:.1f} GB available; write "
+            "fewer with --init-count or a shorter --lead"
+        )
+
+
+def _write(
+    directory: Path,
+    document: dict[str, Any],
+    rollout: Rollout,
+    trajectories: Trajectories,
+    starts: list[ForecastStart],
+    fmt: str | None,
+) -> list[Path]:
+    """Write the forecast's directory in one piece (an earlier one stays as it was if this fails)."""
+    figures = {SKILL_FIGURE: skill_figure(document)}
+    if rollout.maps is not None and rollout.maps.leads:
+        channel = map_channel(trajectories.channel_names)
+        figures[MAPS_FIGURE] = maps_figure(rollout.maps, trajectories, channel, trajectories.step_hours)
+    data_file = FORMATS[fmt] if fmt is not None else None
+    document["files"] = [SCORES_JSON, SCORES_CSV, *figures, *([data_file] if data_file else [])]
+
+    def fill(tmp: Path) -> None:
+        for name, figure in figures.items():
+            save_png(figure, tmp / name)
+        if fmt is not None and rollout.forecasts is not None:
+            attributes = {
+                key: document[key] for key in ("workload", "checkpoint", "split", "dlscale_version")
+            }
+            dataset = forecast_dataset(rollout.forecasts, starts, trajectories, attributes)
+            write_forecast_file(dataset, tmp / FORMATS[fmt], fmt)
+        (tmp / SCORES_CSV).write_text(scores_csv(document))
+        (tmp / SCORES_JSON).write_text(to_json(document))
+
+    try:
+        write_directory_atomically(directory, fill)
+    except (OSError, RuntimeError) as exc:
+        storage = as_storage_error(exc, directory, "cannot write the forecast (an earlier one is unchanged)")
+        if storage is not None:
+            raise storage from exc
+        raise
+    return [directory / name for name in document["files"]]
