@@ -18,6 +18,7 @@
 #SBATCH -J dlscale-dp -o %x-%j.out
 # Two minutes before the time limit Slurm sends SIGUSR1 to every task; dlscale finishes its step, saves a
 # checkpoint and exits with status 0; --requeue allows the job to be put back in the queue (see the end).
+# Another signal or lead time: SBATCH_SIGNAL (see STOP_SIGNAL below).
 #SBATCH --signal=USR1@120 --requeue
 # A requeued job appends to the same log instead of truncating it.
 #SBATCH --open-mode=append
@@ -40,6 +41,20 @@ if [[ "$PROFILE" == 1 ]]; then RUN_NUM=${RUN_NUM:-profile}; else RUN_NUM=${RUN_N
 if [[ -n "${SCRATCH:-}" ]]; then export DLSCALE_ERA5_DATA=${DLSCALE_ERA5_DATA:-$SCRATCH/sc23_data}; fi
 # HDF5's file locks fail or serialise reads on parallel file systems (Lustre); the data is only read.
 export HDF5_USE_FILE_LOCKING=FALSE
+# The stop signal: Slurm sends the --signal of the #SBATCH line above, or SBATCH_SIGNAL when it is set at
+# submission (it overrides that line): `SBATCH_SIGNAL=USR2@300 sbatch ...` warns with SIGUSR2 five minutes
+# before the limit. dlscale stops cleanly on TERM, USR1, INT and the signals DLSCALE_STOP_SIGNALS names; this
+# passes SBATCH_SIGNAL's on. A signal given as `sbatch --signal=...` is not seen here: unless it is TERM or
+# USR1, also set DLSCALE_STOP_SIGNALS (e.g. DLSCALE_STOP_SIGNALS=USR2). No B: prefix: it signals this script,
+# not dlscale.
+STOP_SIGNAL=${SBATCH_SIGNAL:-USR1@120}
+if [[ "$STOP_SIGNAL" == *:* && "${STOP_SIGNAL%%:*}" == *B* ]]; then
+    echo "SBATCH_SIGNAL=$STOP_SIGNAL: the B: prefix signals only this batch script, never dlscale, which" \
+        "the time limit would then kill without a checkpoint; drop the B:" >&2
+    exit 2
+fi
+STOP_SIGNAL=${STOP_SIGNAL#*:}
+export DLSCALE_STOP_SIGNALS="${DLSCALE_STOP_SIGNALS:+$DLSCALE_STOP_SIGNALS,}${STOP_SIGNAL%@*}"
 # Perlmutter: GPU i is closest to the CPU cores Slurm gives local task 3-i; reversing the order makes each
 # rank's GPU its nearest one (as the NERSC tutorials do). Harmless elsewhere; delete it on other node layouts.
 export CUDA_VISIBLE_DEVICES=3,2,1,0

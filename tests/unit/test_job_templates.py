@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import dlscale.errors as errors
+from dlscale.runtime.signals import STOP_SIGNALS_ENV, parse_signal, stop_signals
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = {
@@ -25,9 +26,10 @@ TEMPLATES = {
 }
 SLURM = ("slurm-1gpu", "slurm-multinode")
 
-# A launcher: writes summary.json as dlscale does (a new file replacing the old) unless FAKE_OUTCOME is "none",
+# A launcher: records the stop signals dlscale would catch (DLSCALE_STOP_SIGNALS), writes summary.json as dlscale does (a new file replacing the old) unless FAKE_OUTCOME is "none",
 # then exits with FAKE_STATUS.
 FAKE_LAUNCHER = """#!/bin/bash
+echo "${DLSCALE_STOP_SIGNALS:-}" > "$FAKE_STOP_SIGNALS"
 if [[ "$FAKE_OUTCOME" != none ]]; then
     mkdir -p "$(dirname "$FAKE_SUMMARY")"
     printf '{\\n  "config": "short",\\n  "outcome": "%s"\\n}\\n' "$FAKE_OUTCOME" > "$FAKE_SUMMARY.tmp"
@@ -73,9 +75,11 @@ def run_template(
         "FAKE_STATUS": str(status),
         "FAKE_SUMMARY": str(summary),
         "FAKE_REQUEUES": str(requeues),
-        **env,
+        "FAKE_STOP_SIGNALS": str(tmp_path / "stop_signals.txt"),
     }
-    environment.pop("SCRATCH", None)
+    for inherited in ("SCRATCH", "SBATCH_SIGNAL", "DLSCALE_STOP_SIGNALS"):
+        environment.pop(inherited, None)
+    environment.update(env)
     result = subprocess.run(
         ["bash", str(TEMPLATES[name])],
         cwd=tmp_path,
@@ -139,3 +143,33 @@ def test_the_docs_say_what_each_status_becomes_under_srun_and_torchrun():
             "0 when finished; **1** when stopped by a signal sent to torchrun" if code == 0 else "1"
         )
     assert "read `outcome` in `summary.json`, not the exit status" in page
+
+
+@pytest.mark.parametrize(
+    ("env", "caught"),
+    [
+        pytest.param({}, "USR1", id="the-SBATCH-line"),
+        pytest.param({"SBATCH_SIGNAL": "USR2@300"}, "USR2", id="SBATCH_SIGNAL"),
+        pytest.param({"SBATCH_SIGNAL": "R:12@60"}, "12", id="reservation-prefix-and-number"),
+        pytest.param(
+            {"SBATCH_SIGNAL": "TERM@60", "DLSCALE_STOP_SIGNALS": "HUP"}, "HUP,TERM", id="user-adds-one"
+        ),
+    ],
+)
+@pytest.mark.parametrize("name", SLURM)
+def test_slurm_templates_tell_dlscale_the_signal_slurm_sends(tmp_path, name, env, caught):
+    status, _, output = run_template(tmp_path, name, "stopped", 0, **env)
+    assert status == 0, output
+    sent = (tmp_path / "stop_signals.txt").read_text().strip()
+    assert sent == caught
+    assert all(
+        signum in stop_signals({STOP_SIGNALS_ENV: sent}) for signum in map(parse_signal, sent.split(","))
+    )
+
+
+@pytest.mark.parametrize("name", SLURM)
+def test_slurm_templates_refuse_a_signal_for_the_batch_script_only(tmp_path, name):
+    status, requeues, output = run_template(tmp_path, name, "stopped", 0, SBATCH_SIGNAL="B:USR1@120")
+    assert (status, requeues) == (2, []), output
+    assert "the B: prefix signals only this batch script" in output
+    assert not (tmp_path / "stop_signals.txt").exists()  # dlscale was never launched

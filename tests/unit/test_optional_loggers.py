@@ -144,11 +144,16 @@ def wandb_records(path: Path):
 def wandb_run(directory: Path) -> dict:
     """An offline wandb run read back from its files: its run record and history rows (key -> value)."""
     (run_file,) = directory.glob("run-*.wandb")
-    found: dict = {"history": [], "metrics": []}
+    found: dict = {"history": [], "metrics": [], "config": {}}
     for record in wandb_records(run_file):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             found["run"] = record.run
+            found["config"].update(
+                {item.key: json.loads(item.value_json) for item in record.run.config.update}
+            )
+        elif kind == "config":  # run.config.update() after the start
+            found["config"].update({item.key: json.loads(item.value_json) for item in record.config.update})
         elif kind == "history":
             row = {
                 item.key or "/".join(item.nested_key): json.loads(item.value_json)
@@ -217,7 +222,7 @@ def test_wandb_keeps_the_steps_a_rollback_trains_again(tmp_path, wandb_env):
     assert seen == [(1, 1.0), (2, 0.5), (3, 1 / 3), (4, 0.25), (3, 10 / 3), (4, 2.5), (5, 2.0)]
 
 
-def test_a_resumed_wandb_attempt_is_a_second_run_next_to_the_first(tmp_path, wandb_env):
+def test_a_resumed_attempt_without_a_saved_wandb_id_is_a_second_run_next_to_the_first(tmp_path, wandb_env):
     run_dir, record = tmp_path / "runs" / "tiny" / "00", record_of(tmp_path)
     first = open_loggers(["wandb"], run_dir, record, 0)
     first_logged = log_a_short_run(first, 1, 4)
@@ -231,6 +236,77 @@ def test_a_resumed_wandb_attempt_is_a_second_run_next_to_the_first(tmp_path, wan
     assert first_run["run"].run_id != resumed_run["run"].run_id
     config = {item.key: json.loads(item.value_json) for item in resumed_run["run"].config.update}
     assert config["dlscale"]["resumed_at_step"] == 2
+
+
+def test_a_resumed_run_continues_its_wandb_run_with_each_step_once(tmp_path, wandb_env):
+    run_dir, record, runs = tmp_path / "runs" / "tiny" / "00", record_of(tmp_path), {}
+    first = open_loggers(["wandb"], run_dir, record, 0, runs=runs)
+    first_logged = log_a_short_run(first, 1, 4)
+    assert runs == {"wandb": the_backend(first, WandbLogger).run.id}
+    first.close()
+    saved = dict(runs)  # what the checkpoint at step 4 holds
+    resumed = open_loggers(["wandb"], run_dir, record, 4, runs=saved)
+    resumed_logged = log_a_short_run(resumed, 5, 8, scale=7.0)
+    resumed.close()
+    assert saved == runs  # the same run, which the next checkpoints save again
+    attempts = offline_runs(run_dir)
+    assert [attempt["run"].run_id for attempt in attempts] == [runs["wandb"]] * 2
+    history = [row for attempt in attempts for row in attempt["history"]]
+    assert points(wandb_points(history)) == points(first_logged + resumed_logged)
+    step_rows = [row["global_step"] for row in history if "step/train_loss" in row]
+    assert step_rows == list(range(1, 9))  # each step once, in order
+    assert attempts[1]["config"]["dlscale"]["resumed_at_step"] == 4
+    assert attempts[1]["config"]["model"] == record.resolved["model"]
+
+
+def test_a_wandb_run_that_cannot_be_continued_is_replaced_with_one_warning(
+    tmp_path, wandb_env, monkeypatch, caplog
+):
+    import wandb
+
+    real_init = wandb.init
+
+    def init_refusing_ids(*args, **kwargs):  # as a server answers for a deleted run
+        if "id" in kwargs:
+            raise wandb.errors.CommError("run dlscale/gone1234 was previously created and deleted\ndetails")
+        return real_init(*args, **kwargs)
+
+    monkeypatch.setattr(wandb, "init", init_refusing_ids)
+    run_dir, runs = tmp_path / "run", {"wandb": "gone1234"}
+    with caplog.at_level("INFO", logger="dlscale"):
+        opened = open_loggers(["wandb"], run_dir, record_of(tmp_path), 6, runs=runs)
+    log_a_short_run(opened, 7, 8)
+    opened.close()
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name.startswith("dlscale")
+    ]
+    assert warnings == [
+        "wandb: cannot continue run gone1234 (run dlscale/gone1234 was previously created and deleted); "
+        "logging into a new wandb run"
+    ]
+    (attempt,) = offline_runs(run_dir)
+    assert runs["wandb"] == attempt["run"].run_id != "gone1234"  # the new run is the one saved from here on
+
+
+def test_online_a_saved_wandb_id_is_resumed_with_resume_allow(tmp_path, wandb_env, monkeypatch):
+    import wandb
+
+    real_init, calls = wandb.init, []
+
+    def init_offline_instead(*args, **kwargs):  # what an online run asks of wandb, run offline here
+        calls.append({k: kwargs.get(k) for k in ("id", "resume", "mode")})
+        return real_init(*args, **{**kwargs, "mode": "offline"})
+
+    monkeypatch.setattr(wandb, "init", init_offline_instead)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    runs = {"wandb": "kept1234"}
+    open_loggers(["wandb"], tmp_path / "run", record_of(tmp_path), 4, runs=runs).close()
+    assert calls == [{"id": "kept1234", "resume": "allow", "mode": "online"}]
+    assert runs == {"wandb": "kept1234"}
+    calls.clear()
+    monkeypatch.setenv("WANDB_MODE", "offline")  # offline wandb ignores `resume` (0.16 warns): not passed
+    open_loggers(["wandb"], tmp_path / "run", record_of(tmp_path), 4, runs=runs).close()
+    assert calls == [{"id": "kept1234", "resume": None, "mode": "offline"}]
 
 
 # --------------------------------------------------------------------------------------------------- MLflow
@@ -316,7 +392,9 @@ def test_names_mlflow_refuses_are_mapped_to_names_it_takes(tmp_path, mlflow_env,
             client.log_metric(logger.run_id, name, 0.5, step=1)
 
 
-def test_a_resumed_mlflow_attempt_is_a_second_run_and_keeps_the_first(tmp_path, mlflow_env, monkeypatch):
+def test_a_resumed_attempt_without_a_saved_mlflow_id_is_a_second_run_and_keeps_the_first(
+    tmp_path, mlflow_env, monkeypatch
+):
     run_dir, record = tmp_path / "runs" / "tiny" / "00", record_of(tmp_path)
     first = open_loggers(["mlflow"], run_dir, record, 0)
     first_logged = log_a_short_run(first, 1, 4)
@@ -355,3 +433,68 @@ def test_mlflow_logs_where_mlflow_tracking_uri_says(tmp_path, mlflow_env, monkey
     assert not (tmp_path / "run" / "mlruns").exists()
     client = mlflow_client(elsewhere, monkeypatch)
     assert [(m.step, m.value) for m in client.get_metric_history(logger.run_id, "train_loss")] == [(7, 0.25)]
+
+
+def test_a_resumed_run_continues_its_mlflow_run_with_each_step_once(tmp_path, mlflow_env, monkeypatch):
+    run_dir, record, runs = tmp_path / "runs" / "tiny" / "00", record_of(tmp_path), {}
+    first = open_loggers(["mlflow"], run_dir, record, 0, runs=runs)
+    first_logged = log_a_short_run(first, 1, 4)
+    first.close()
+    run_id = runs["mlflow"]
+    resumed = open_loggers(["mlflow"], run_dir, record, 4, runs=dict(runs))  # the checkpoint at step 4
+    assert the_backend(resumed, MlflowLogger).run_id == run_id
+    resumed_logged = log_a_short_run(resumed, 5, 8, scale=7.0)
+    resumed.close()
+    client = mlflow_client(run_dir / "mlruns", monkeypatch)
+    run = client.get_run(run_id)
+    assert [r.info.run_id for r in client.search_runs([run.info.experiment_id])] == [run_id]  # one run
+    assert mlflow_points(client, run_id) == as_mlflow(first_logged + resumed_logged)
+    assert [m.step for m in client.get_metric_history(run_id, "step/train_loss")] == list(range(1, 9))
+    assert run.info.status == "FINISHED" and run.data.tags["dlscale.resumed_at_step"] == "4"
+
+
+@pytest.mark.parametrize("how", ["deleted", "unknown"])
+def test_an_mlflow_run_that_cannot_be_continued_is_replaced_with_one_warning(
+    tmp_path, mlflow_env, monkeypatch, caplog, how
+):
+    run_dir, record = tmp_path / "run", record_of(tmp_path)
+    first = MlflowLogger(run_dir, record, 0)
+    first.close()
+    client = mlflow_client(run_dir / "mlruns", monkeypatch)
+    if how == "deleted":
+        client.delete_run(first.run_id)
+        gone = first.run_id
+    else:
+        gone = "0123456789abcdef0123456789abcdef"  # another store's run, say
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    runs = {"mlflow": gone}
+    with caplog.at_level("INFO", logger="dlscale"):
+        opened = open_loggers(["mlflow"], run_dir, record, 2, runs=runs)
+    log_a_short_run(opened, 3, 4)
+    opened.close()
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name.startswith("dlscale")
+    ]
+    assert len(warnings) == 1 and warnings[0].startswith("MLflow: ") and gone in warnings[0], warnings
+    assert warnings[0].endswith("logging into a new MLflow run")
+    assert runs["mlflow"] not in (gone, first.run_id)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    new = client.get_run(runs["mlflow"])
+    assert new.info.status == "FINISHED" and new.data.tags["dlscale.resumed_at_step"] == "2"
+    assert [m.step for m in client.get_metric_history(runs["mlflow"], "step/train_loss")] == [3, 4]
+
+
+@pytest.mark.parametrize("name", ["wandb", "mlflow"])
+def test_a_checkpoint_without_a_run_id_starts_a_new_run_with_one_line(tmp_path, request, caplog, name):
+    request.getfixturevalue(f"{name}_env")
+    run_dir, runs = tmp_path / "runs" / "tiny" / "00", {}
+    with caplog.at_level("INFO", logger="dlscale"):
+        opened = open_loggers([name], run_dir, record_of(tmp_path), 2, runs=runs)
+    opened.close()
+    (line,) = [r.getMessage() for r in caplog.records if r.name.startswith("dlscale")]
+    assert line.startswith(f"{name}: the checkpoint names no {name} run") and "starts at step 2" in line
+    assert list(runs) == [name] and runs[name]  # saved from here on
+    caplog.clear()
+    with caplog.at_level("INFO", logger="dlscale"):
+        open_loggers([name], run_dir, record_of(tmp_path), 0, runs={}).close()
+    assert [r for r in caplog.records if r.name.startswith("dlscale")] == []  # a fresh run says nothing

@@ -18,7 +18,7 @@ from dlscale.errors import ConfigError
 from dlscale.training.loss_evaluator import LossEvaluator
 from dlscale.workloads import get_workload, use_workload, workload_names
 from dlscale.workloads.protocol import Workload
-from dlscale.workloads.references import as_workload
+from dlscale.workloads.references import OPTIONAL_MEMBERS, REQUIRED_MEMBERS, as_workload
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -218,6 +218,17 @@ def test_a_training_loss_of_an_object_that_does_not_subclass_workload_is_kept(to
 
     workload = as_workload(WithHook(), "with_hook")
     assert workload.training_loss(None, None, 7) == 7
+
+
+def test_every_optional_member_of_the_protocol_is_kept_on_an_object_that_does_not_subclass_it():
+    """A member the Workload protocol defines with a default must be in OPTIONAL_MEMBERS, or the wrapper of an
+    object that does not subclass Workload hides the object's own member behind the default."""
+    defined = {
+        name
+        for name, value in vars(Workload).items()
+        if not name.startswith("_") and (callable(value) or name == "training_loss")
+    }
+    assert defined - set(REQUIRED_MEMBERS) == set(OPTIONAL_MEMBERS) - {"name"}
 
 
 def test_an_entry_point_registers_a_workload_by_name(toy, monkeypatch):

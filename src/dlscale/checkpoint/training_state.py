@@ -19,6 +19,7 @@ from dlscale.checkpoint.files import load_model_state
 from dlscale.checkpoint.resume import (
     check_config_changes,
     check_workload,
+    is_own_checkpoint,
     load_for_resume,
     load_optimizer_state,
 )
@@ -60,6 +61,7 @@ def training_payload(trainer: Trainer) -> dict[str, Any]:
             "layout": setup.mesh.shape.describe(),
             "global_batch_size": setup.global_batch_size,
             "saved_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "logger_runs": dict(setup.record.logger_runs),  # the wandb/MLflow runs a resume continues
         },
     }
 
@@ -101,9 +103,23 @@ def restore_training(
     current_schedule = {k: v for k, v in setup.schedule.state_dict().items() if k != "scale"}
     if saved_schedule and saved_schedule != current_schedule:
         log.warning("%s: the LR schedule changed from %s to %s", source, saved_schedule, current_schedule)
+    if is_own_checkpoint(path, checkpoints):  # another run's checkpoint starts new wandb/MLflow runs
+        continue_logger_runs(setup.record.logger_runs, meta.get("logger_runs"))
     progress = TrainProgress.from_dict(payload["progress"], source)
     restore_rng_state(payload["rng"])
     return progress
+
+
+def continue_logger_runs(runs: dict[str, str], saved: Any) -> None:
+    """Take into ``runs`` (the record's ``logger_runs``) the wandb/MLflow run ids that a checkpoint of this
+    run saved (``meta.logger_runs``; None in a checkpoint written before dlscale kept them), so that the
+    loggers reopen those runs. Only ids of runs not open yet: a rollback's restore leaves the open runs as
+    they are."""
+    if not isinstance(saved, dict):
+        return
+    for name, run_id in saved.items():
+        if isinstance(name, str) and name and isinstance(run_id, str) and run_id:
+            runs.setdefault(name, run_id)
 
 
 class CheckpointRecovery:

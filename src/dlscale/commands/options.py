@@ -88,6 +88,16 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"memory of one GPU in GB of 2^30 bytes (default {DEFAULT_GPU_MEMORY_GB:g})",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write every row as JSON to FILE")
+    # Underscores like plan's other options; the hyphenated spelling is accepted too.
+    parser.add_argument(
+        "--check_layout",
+        "--check-layout",
+        action="store_true",
+        help="instead of ranking layouts, build the config's own layout (--set parallel.tensor_parallel=..., "
+        "context_parallel, data_parallel) on --gpus fake ranks in this process and run one forward/backward on "
+        "fake tensors: shard shapes, parameters and memory of one rank, or the first error",
+    )
+    parser.add_argument("--rank", type=int, default=0, help="the rank that --check_layout builds (default 0)")
 
 
 def add_checkpoint_choice(parser: argparse.ArgumentParser, dest: str) -> None:

@@ -2,6 +2,8 @@
 
     dlscale plan --yaml_config configs/vit_era5.yaml --config mp --gpus 4 --gpu_memory_gb 80 \
         [--set key=value] [--json plan.json]
+    dlscale plan --config mp --gpus 64 --set parallel.tensor_parallel=4 --set parallel.context_parallel=2 \
+        --check_layout [--rank 5]      # build one rank of that layout on a fake process group
 
 The ViT has an analytic cost model, its declared parallel plan: every layout with dp * tp * cp == GPUs is
 estimated (the formulas are in :mod:`dlscale.perf.plan.layout_cost`, how they compare with measurements in
@@ -25,10 +27,11 @@ from dlscale.config import load_run_config
 from dlscale.config.run_config import RunConfig
 from dlscale.errors import InvalidValue
 from dlscale.models.vit_config import ViTConfig
+from dlscale.perf.plan.layout_check_report import layout_check_document, layout_check_report
 from dlscale.perf.plan.layout_cost import GIB, Layout, ModelShape, TrainingSettings, count_parameters_per_gpu
 from dlscale.perf.plan.layouts import LayoutEstimate, Plan, model_shape_of, plan, tutorial_comparisons
 from dlscale.perf.plan.traced_report import TracedPlanContext, traced_plan_document, traced_plan_report
-from dlscale.run.config_plan import traced_plan_of
+from dlscale.run.config_plan import layout_check_of, traced_plan_of
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
 from dlscale.workloads.protocol import Workload
@@ -54,6 +57,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
     if not (args.gpu_memory_gb > 0 and math.isfinite(args.gpu_memory_gb)):
         raise InvalidValue("--gpu_memory_gb", f"must be a number of GB > 0, got {args.gpu_memory_gb}")
     cfg = load_run_config(args.yaml_config, args.config, args.set, {})
+    if args.check_layout:
+        return run_layout_check(args, cfg)
     if not isinstance(cfg.model, ViTConfig):
         return run_traced_plan(args, cfg)
     shape = model_shape_of(cfg)
@@ -93,6 +98,17 @@ def run_traced_plan(args: argparse.Namespace, cfg: RunConfig) -> int:
         print(line)
     if args.json is not None:
         write_text_atomically(args.json, to_json(traced_plan_document(result, context)))
+        print(f"JSON {args.json}")
+    return 0
+
+
+def run_layout_check(args: argparse.Namespace, cfg: RunConfig) -> int:
+    """Build one rank of the config's layout on --gpus fake ranks; print it, and optionally its JSON."""
+    check = layout_check_of(cfg, args.gpus, args.rank)
+    for line in layout_check_report(check, f"config {cfg.name!r} ({cfg.source})"):
+        print(line)
+    if args.json is not None:
+        write_text_atomically(args.json, to_json(layout_check_document(check, cfg.name, str(cfg.source))))
         print(f"JSON {args.json}")
     return 0
 

@@ -27,7 +27,11 @@ class ParallelConfig:
     disable_broadcast_buffers: bool = False  # DDP: do not broadcast buffers every step
     gradient_as_bucket_view: bool = True  # DDP: gradients live in the all-reduce buckets (saves a copy)
     noddp: bool = False  # do not synchronize gradients (measures compute-only scaling; ranks diverge)
-    timeout_s: float = 600.0  # a collective waiting longer (a dead or hung rank) ends the job with an error
+    # A collective waiting longer (a dead or hung rank) ends the job with one line per rank saying where it
+    # waited: timeout_s from the process group's start until the first step of the training loop (and in commands
+    # other than train), train_timeout_s in the loop (it must outlast a checkpoint's save and validation).
+    timeout_s: float = 1800.0
+    train_timeout_s: float = 600.0  # torch's own default; a gathered save of a large model must fit in it
     stop_check_every: int = 10  # steps between the ranks' agreement on a stop signal (a tiny all-reduce)
 
     def __post_init__(self) -> None:
@@ -42,7 +46,8 @@ class ParallelConfig:
             )
         if self.bucket_cap_mb <= 0:
             raise InvalidValue("bucket_cap_mb", f"must be > 0, got {self.bucket_cap_mb}")
-        if self.timeout_s <= 0:
-            raise InvalidValue("timeout_s", f"must be > 0 seconds, got {self.timeout_s}")
+        for name in ("timeout_s", "train_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise InvalidValue(name, f"must be > 0 seconds, got {getattr(self, name)}")
         if self.stop_check_every < 1:
             raise InvalidValue("stop_check_every", f"must be >= 1 step, got {self.stop_check_every}")

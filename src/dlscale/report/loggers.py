@@ -8,8 +8,15 @@ reads, which survive a resume exactly as TensorBoard's curves do (rows after the
 wandb and MLflow are optional packages (``pip install 'dlscale[wandb]'``, ``'dlscale[mlflow]'``; for MLflow
 ``mlflow-skinny`` is enough), imported only when named; wandb runs offline unless ``WANDB_MODE`` says otherwise
 (``wandb sync <run>/wandb/offline-run-*`` uploads later), MLflow writes a file store under the run unless
-``MLFLOW_TRACKING_URI`` names a server or a database. Neither can take back points, so after a rollback they
-show the steps trained again twice; the CSV files and TensorBoard drop the undone steps.
+``MLFLOW_TRACKING_URI`` names a server or a database.
+
+A resumed or requeued run continues the same wandb and MLflow runs: their ids are in the run's
+:class:`~dlscale.training.training_setup.RunRecord` (``logger_runs``), which every checkpoint saves and a
+resume from this run's own checkpoint restores; :func:`open_loggers` reopens them (a checkpoint without them
+starts new runs, with one log line; a run that cannot be reopened, deleted say, is replaced by a new one, with
+one warning). Neither backend can take back points: the steps trained again (after a rollback, or the steps a
+killed attempt logged after its last checkpoint) are logged again, so those steps show twice there (see
+:class:`WandbLogger` and :class:`MlflowLogger`); the CSV files and TensorBoard drop the undone steps.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import contextlib
 import csv
 import importlib.util
 import io
+import logging
 import math
 import os
 import re
@@ -33,6 +41,8 @@ STEPS_CSV = Path("metrics") / "steps.csv"  # relative to the run directory
 EPOCHS_CSV = Path("metrics") / "epochs.csv"
 # Backends that need a package of their own: logger name -> (module, pyproject extra).
 OPTIONAL_BACKENDS = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -219,34 +229,59 @@ def _line(cells: Iterable[Any]) -> str:
 
 class WandbLogger:
     """A wandb run in ``<run>/wandb/``: offline unless ``WANDB_MODE`` says otherwise; its project is
-    ``WANDB_PROJECT`` or "dlscale", its group the config's name. One wandb run per attempt of a dlscale run
-    (a resumed attempt starts a new one at the checkpoint's step).
+    ``WANDB_PROJECT`` or "dlscale", its group the config's name. One wandb run per dlscale run: given
+    ``run_id`` (the run a checkpoint saved), a resumed attempt continues that run (``wandb.init(id=...,
+    resume="allow")`` online; offline, each attempt writes its own ``offline-run-*-<id>`` directory under the
+    same run id, which ``wandb sync`` uploads them under). A run id wandb refuses (a run deleted on the
+    server, say) gives a new run and one warning.
 
     Each row is one history row with the optimizer step in ``global_step``, the x-axis of every chart (wandb's
     own ``_step`` counts rows and may only grow: given our step as wandb's step, it would drop with a warning
-    each row of the steps that a rollback trains again), and the measured time in ``_timestamp``. Closing
-    finishes the run; the wandb-core process writes the end of its file moments later (at the latest when this
-    process exits; ``wandb.teardown()`` waits for it)."""
+    each row of the steps that a rollback trains again), and the measured time in ``_timestamp``. A resumed
+    run's ``_step`` goes on growing; the steps a killed attempt logged after its last checkpoint are logged
+    again by the resumed one, so they appear twice on the ``global_step`` axis (bitwise resume gives them the
+    same losses; only the times and rates differ). Closing finishes the run; the wandb-core process writes the
+    end of its file moments later (at the latest when this process exits; ``wandb.teardown()`` waits for
+    it)."""
 
-    def __init__(self, run_dir: Path, record: Any, start_step: int):
+    def __init__(self, run_dir: Path, record: Any, start_step: int, run_id: str | None = None):
         import wandb
 
         run_dir.mkdir(parents=True, exist_ok=True)  # wandb 0.16 logs to /tmp/wandb when `dir` does not exist
-        self.run: Any = wandb.init(
-            project=os.environ.get("WANDB_PROJECT") or "dlscale",
-            group=record.name,
-            name=f"{record.name}/{run_dir.name}",
-            job_type="train",
-            dir=str(run_dir),
-            mode=os.environ.get("WANDB_MODE") or "offline",
-            config={**record.resolved, "dlscale": {"source": record.source, "resumed_at_step": start_step}},
-        )
+        mode = os.environ.get("WANDB_MODE") or "offline"
+        where: dict[str, Any] = {
+            "project": os.environ.get("WANDB_PROJECT") or "dlscale",
+            "group": record.name,
+            "name": f"{record.name}/{run_dir.name}",
+            "job_type": "train",
+            "dir": str(run_dir),
+            "mode": mode,
+        }
+        config = {**record.resolved, "dlscale": {"source": record.source, "resumed_at_step": start_step}}
+        self.run: Any = None
+        if run_id is not None:
+            # Offline, wandb ignores `resume` (0.16 with a warning) and writes the attempt under the given id.
+            resume = {} if mode in ("offline", "disabled") else {"resume": "allow"}
+            try:
+                self.run = wandb.init(id=run_id, **resume, **where)
+            except Exception as exc:  # wandb's errors have no common base across versions
+                log.warning(
+                    "wandb: cannot continue run %s (%s); logging into a new wandb run",
+                    run_id,
+                    first_line(exc),
+                )
+        if self.run is None:
+            self.run = wandb.init(config=config, **where)
         try:
+            if run_id is not None and self.run.id == run_id:
+                # A continued run's config changes (the step it resumed at, a longer schedule) are allowed.
+                self.run.config.update(config, allow_val_change=True)
             self.run.define_metric(WANDB_STEP, hidden=True)
             self.run.define_metric("*", step_metric=WANDB_STEP)
         except BaseException:
             self.close()
             raise
+        self.run_id: str = self.run.id
 
     def log_scalars(self, step: int, values: Mapping[str, float], wall_time: float) -> None:
         self.run.log({**values, WANDB_STEP: step, "_timestamp": wall_time})
@@ -265,12 +300,19 @@ class MlflowLogger:
     ``MLFLOW_TRACKING_URI`` is set. Names MLflow refuses (parentheses, say: ``RMSE(u10m)/valid``) are changed by
     :func:`mlflow_name`.
 
+    Given ``run_id`` (the run a checkpoint saved), a resumed attempt continues that run: it is marked running
+    again and its ``dlscale.resumed_at_step`` tag says where the attempt began. One that the store does not
+    hold (deleted, or another ``MLFLOW_TRACKING_URI``) gives a new run and one warning. MLflow keeps every
+    value logged: a step logged again (the steps a killed attempt logged after its last checkpoint, or those a
+    rollback trains again) holds two values in the metric's history, the later timestamp the resumed attempt's
+    (the one MLflow shows as the metric's latest value at that step).
+
     MLflow 3.13 and later refuse a file store unless ``MLFLOW_ALLOW_FILE_STORE=true`` (it gets no new features,
     but keeps runs, metrics and tags, all this logger writes, and needs no database package): this logger sets
     it around its own calls only. To look at the runs, ``MLFLOW_ALLOW_FILE_STORE=true mlflow ui
     --backend-store-uri <run>/mlruns`` (or ``MlflowClient(tracking_uri=...)`` with the variable set)."""
 
-    def __init__(self, run_dir: Path, record: Any, start_step: int):
+    def __init__(self, run_dir: Path, record: Any, start_step: int, run_id: str | None = None):
         from mlflow.tracking import MlflowClient
 
         user_uri = os.environ.get("MLFLOW_TRACKING_URI")
@@ -287,9 +329,32 @@ class MlflowLogger:
             )
             tags = {"dlscale.source": record.source, "dlscale.workload": record.workload}
             tags["dlscale.resumed_at_step"] = str(start_step)
-            self.run_id = self.client.create_run(
-                experiment_id, run_name=f"{record.name}/{run_dir.name}", tags=tags
-            ).info.run_id
+            continued = run_id is not None and self._reopen(run_id, start_step)
+            self.run_id: str = (
+                run_id
+                if continued
+                else self.client.create_run(
+                    experiment_id, run_name=f"{record.name}/{run_dir.name}", tags=tags
+                ).info.run_id
+            )
+
+    def _reopen(self, run_id: str, start_step: int) -> bool:
+        """Mark the stored run ``run_id`` running again; False (and one warning) when the store cannot give
+        it."""
+        try:
+            found = self.client.get_run(run_id)
+            stage = found.info.lifecycle_stage
+        except Exception as exc:  # MlflowException when the store has no such run; a server's own errors
+            log.warning(
+                "MLflow: cannot continue run %s (%s); logging into a new MLflow run", run_id, first_line(exc)
+            )
+            return False
+        if stage != "active":
+            log.warning("MLflow: run %s is %s; logging into a new MLflow run", run_id, stage)
+            return False
+        self.client.update_run(run_id, status="RUNNING")
+        self.client.set_tag(run_id, "dlscale.resumed_at_step", str(start_step))
+        return True
 
     def log_scalars(self, step: int, values: Mapping[str, float], wall_time: float) -> None:
         from mlflow.entities import Metric
@@ -323,6 +388,12 @@ class MlflowLogger:
 
 
 FILE_STORE_SWITCH = "MLFLOW_ALLOW_FILE_STORE"
+
+
+def first_line(error: BaseException) -> str:
+    """An exception in one line: its message's first line, or its class's name when it has none."""
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
 
 
 def mlflow_name(name: str) -> str:
@@ -384,10 +455,18 @@ class Loggers:
 
 
 def open_loggers(
-    names: Iterable[str], run_dir: Path, record: Any, start_step: int, tensorboard: bool = True
+    names: Iterable[str],
+    run_dir: Path,
+    record: Any,
+    start_step: int,
+    tensorboard: bool = True,
+    runs: dict[str, str] | None = None,
 ) -> Loggers:
     """The CSV files and the backends ``names`` asks for (TensorBoard only when ``tensorboard`` too), opened at
     ``start_step`` (the step the run continues from; what was logged after it is dropped where possible).
+
+    ``runs`` (the record's ``logger_runs``: logger name -> run id) names the wandb and MLflow runs to
+    continue; the ids of the runs opened are written into it, for the checkpoints to save.
 
     Per-step rows reach TensorBoard, wandb and MLflow under ``step/`` (TensorBoard: ``Step/``), next to the
     per-epoch scalars under their TensorBoard tags.
@@ -405,13 +484,30 @@ def open_loggers(
 
                 backend = TensorBoardLogger(run_dir / "tensorboard", start_step)
                 loggers.add(backend, Prefixed(backend, "Step/"), backend)
-            elif name == "wandb":
-                backend = WandbLogger(run_dir, record, start_step)
-                loggers.add(backend, Prefixed(backend, "step/"), backend)
-            elif name == "mlflow":
-                backend = MlflowLogger(run_dir, record, start_step)
-                loggers.add(backend, Prefixed(backend, "step/"), backend)
+            elif name in ("wandb", "mlflow"):
+                kind = WandbLogger if name == "wandb" else MlflowLogger
+                run = kind(run_dir, record, start_step, _run_to_continue(runs, name, start_step))
+                loggers.add(run, Prefixed(run, "step/"), run)
+                if runs is not None:
+                    runs[name] = run.run_id
     except BaseException:
         loggers.close()  # the files opened so far
         raise
     return loggers
+
+
+def _run_to_continue(runs: dict[str, str] | None, name: str, start_step: int) -> str | None:
+    """The id of the ``name`` run a resumed run continues; None, said in one line, when its checkpoint has
+    none."""
+    run_id = (runs or {}).get(name)
+    if run_id is None and start_step > 0:
+        log.info(
+            "%s: the checkpoint names no %s run (saved before dlscale kept the id, by a run without %s, or "
+            "by another run directory): a new %s run starts at step %d",
+            name,
+            name,
+            name,
+            name,
+            start_step,
+        )
+    return run_id

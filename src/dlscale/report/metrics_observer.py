@@ -83,6 +83,7 @@ class MetricsReporter(Observer):
             setup.record,
             trainer.progress.global_step,
             tensorboard=self.cfg.writes_tensorboard,
+            runs=setup.record.logger_runs,  # the wandb/MLflow runs to continue; the ids opened go back in
         )
         self._drop_pending()
 

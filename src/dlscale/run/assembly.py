@@ -219,6 +219,7 @@ def build_training(
             sync_buffers=buffer_synchronizer(model, cfg.parallel, process, mesh),
         ),
         stop_check_every=cfg.parallel.stop_check_every,
+        collective_timeouts=(cfg.parallel.timeout_s, cfg.parallel.train_timeout_s),
         utilization=utilization,
         markers=markers,
     )

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from dlscale.errors import DlscaleError
 from dlscale.runtime.device import Device
-from dlscale.runtime.distributed import process_group_running, start_process_group, stop_process_group
+from dlscale.runtime.distributed import (
+    collective_failure_line,
+    process_group_running,
+    start_process_group,
+    stop_process_group,
+)
 from dlscale.runtime.launch import ProcessInfo
 
 
@@ -34,6 +41,16 @@ def distributed_run(process: ProcessInfo, device: Device, timeout_s: float) -> I
     ending = RankEnding()
     try:
         yield ending
+    except Exception as exc:
+        line = collective_failure_line(exc) if not isinstance(exc, DlscaleError) else None
+        if line is None:
+            raise
+        # A hang or a lost rank: one line per rank (its console and its log file), instead of a traceback.
+        logging.getLogger("dlscale.distributed").error("%s", line)
+        failure = DlscaleError(line)
+        failure.exit_code = 1  # like any crash: torchrun and srun both report 1
+        failure.quiet = True  # the line is already logged
+        raise failure from exc
     finally:
         if owner:
             stop_process_group(wait_for_others=ending.alike)

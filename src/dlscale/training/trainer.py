@@ -15,7 +15,13 @@ from collections.abc import Iterator
 
 import torch
 
-from dlscale.runtime.distributed import any_rank, average_across_ranks
+from dlscale.runtime.distributed import (
+    any_rank,
+    average_across_ranks,
+    dump_flight_recorder_into,
+    note_position,
+    set_collective_timeout,
+)
 from dlscale.runtime.signals import StopRequest
 from dlscale.training.divergence import DivergenceGuard, Recovery
 from dlscale.training.evaluate import evaluate
@@ -48,11 +54,14 @@ class Trainer:
         # The global step at which flush_loss last waited for the device (a checkpoint's save, an epoch's end):
         # an observer after the checkpoint observer may read device values then at no extra cost.
         self.loss_read_at_step: int | None = None
+        self._short_timeout: float | None = None  # the loop's collective timeout, once the first step is done
 
     def fit(self) -> str:
         """Train until the plan is done ("finished"), a stop is requested ("stopped") or the loss diverges
         beyond what ``train.on_nonfinite`` recovers from ("diverged")."""
         plan, p, guard = self.setup.plan, self.progress, self.guard
+        if self.setup.process.world_size > 1:
+            dump_flight_recorder_into(self.setup.run_dir / "hang", self.setup.device.is_gpu)
         self._notify("on_train_start")
         while p.epoch < plan.num_epochs and not self._stop_agreed(at_boundary=True):
             self._notify("on_epoch_start")
@@ -70,6 +79,7 @@ class Trainer:
         if not p.completed:
             guard.check()  # a stopped run saves its position next: not if it diverged since the last check
         outcome = "diverged" if guard.divergence else "finished" if p.completed else "stopped"
+        self._collective_timeout(at_start_up=True)  # the last save and summary: the others wait for rank 0
         self._notify("on_train_end", outcome)
         return outcome
 
@@ -84,6 +94,7 @@ class Trainer:
         started, steps = time.perf_counter(), 0
         if p.step_in_epoch < last_step:
             for batch in self._fetched_batches():
+                note_position(f"step {p.global_step + 1}")
                 self._notify("on_step_start")
                 with s.markers.range(f"step {p.global_step}"):
                     loss = s.step(s.device.move(batch[0]), s.device.move(batch[1]), p.global_step)
@@ -94,6 +105,8 @@ class Trainer:
                 p.global_step += 1
                 p.samples_seen += s.global_batch_size
                 steps += 1
+                if steps == 1 and self._short_timeout is None:  # start-up (compilation, warm-up) is over
+                    self._short_timeout = self._collective_timeout(at_start_up=False)
                 self._notify("on_step_end", loss)
                 if self.guard.due() or p.step_in_epoch >= last_step:
                     self.guard.check()  # always at the epoch's end: validation and its save need sound weights
@@ -121,6 +134,7 @@ class Trainer:
     def _finish_epoch(self, steps: int, seconds: float) -> None:
         """Validate, update the position and the history, and tell the observers."""
         s, p = self.setup, self.progress
+        note_position(f"validation after epoch {p.epoch + 1}")
         self.flush_loss()
         train_loss = p.epoch_loss_sum / max(p.step_in_epoch - p.epoch_skipped_steps, 1)
         v = s.validation
@@ -179,6 +193,14 @@ class Trainer:
             self.stop.request("a stop signal on another rank")
             return True
         return False
+
+    def _collective_timeout(self, at_start_up: bool) -> float | None:
+        """Give the process groups the start-up timeout (``parallel.timeout_s``: start-up, the end of the run) or
+        the loop's (``parallel.train_timeout_s``); the seconds, None in a single-process run or without them."""
+        if self.setup.collective_timeouts is None:
+            return None
+        seconds = self.setup.collective_timeouts[0 if at_start_up else 1]
+        return seconds if set_collective_timeout(seconds) else None
 
     def _add_to_epoch_loss(self, loss: torch.Tensor) -> None:
         """Sum on the device: reading each loss on the host would wait for every step."""

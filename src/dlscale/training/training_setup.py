@@ -41,6 +41,10 @@ class RunRecord:
     overrides: tuple[str, ...]  # the command line's changes to the file
     resolved: dict[str, Any]  # every section's keys and values, defaults filled in (RunConfig.to_dict())
     weight_defining_keys: frozenset[str]  # dotted keys whose change gives saved weights another meaning
+    # The wandb and MLflow runs this run logs into (logger name -> the backend's run id): filled from the
+    # checkpoint it resumed from, set by the loggers when they open a run, and saved with every checkpoint, so
+    # that a resumed or requeued run continues the same runs. Metadata: no number of the training reads it.
+    logger_runs: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 class FlopsRating(Protocol):
@@ -95,6 +99,9 @@ class TrainingSetup:
     train_loader: Batches
     validation: Validation
     stop_check_every: int = 10  # steps between the ranks' agreement on a stop signal
+    # Collective timeouts in seconds: (at start-up and the end of the run, in the loop after its first step);
+    # None leaves the process group's own
+    collective_timeouts: tuple[float, float] | None = None
     utilization: FlopsRating | None = None  # None: FLOPs unknown
     markers: StepMarkers = NO_MARKERS  # named ranges (NVTX, profiler) around the loop's data, step and phases
     progress: TrainProgress = field(default_factory=TrainProgress)

@@ -59,6 +59,7 @@ OPTIONAL_MEMBERS = (
     "forward_flops_per_sample",
     "normalization_stats",
     "training_loss",
+    "forecast_data",
 )
 
 
