@@ -22,6 +22,7 @@ from dlscale.runtime.storage import (
     probe_writable,
     remove_stale_temporaries,
     storage_error,
+    write_results_directory,
 )
 
 
@@ -177,3 +178,18 @@ def test_a_write_failure_without_a_path_keeps_the_original_words():
     assert str(converted).startswith(
         "cannot write: No space left on device (ENOSPC) (unable to write to file </torch_77_1>"
     )
+
+
+def test_a_results_directory_that_cannot_be_written_is_one_line_and_the_earlier_one_stays(tmp_path: Path):
+    directory = tmp_path / "forecast" / "test-ckpt_latest"
+    write_results_directory(directory, lambda tmp: (tmp / "scores.json").write_text("{}"), "the forecast")
+
+    def full_disk(tmp: Path) -> None:
+        (tmp / "scores.json").write_text('{"new": 1}')
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(StorageError, match=r"cannot write the forecast \(an earlier one is unchanged\)"):
+        write_results_directory(directory, full_disk, "the forecast")
+    assert (directory / "scores.json").read_text() == "{}"
+    with pytest.raises(ValueError, match="a bug"):  # anything else is no storage error: it goes on as it is
+        write_results_directory(directory, lambda tmp: (_ for _ in ()).throw(ValueError("a bug")), "it")

@@ -117,6 +117,18 @@ def add_checkpoint_choice(parser: argparse.ArgumentParser, dest: str) -> None:
     )
 
 
+def add_trained_config_changes(parser: argparse.ArgumentParser, example: str) -> None:
+    """``--set`` of a command that reads a trained checkpoint (evaluate, forecast): any key but those that
+    define the weights."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"change a config key, e.g. --set {example} (not the keys that define the weights); repeatable",
+    )
+
+
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``dlscale evaluate``."""
     add_checkpoint_choice(parser, "target")
@@ -126,14 +138,7 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
         help="the held-out split: valid (default) or test (ERA5's test/ years; MNIST's and CIFAR's test set, "
         "which the runs validate on), or another split the workload offers",
     )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="change a config key, e.g. --set data.root=/scratch/era5 (not the keys that define the weights); "
-        "repeatable",
-    )
+    add_trained_config_changes(parser, "data.root=/scratch/era5")
 
 
 def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
@@ -171,14 +176,7 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("netcdf", "zarr"),
         help="also write the forecasts themselves (forecast.nc through h5netcdf, or forecast.zarr), for xarray",
     )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="change a config key, e.g. --set data.root=/scratch/era5 or train.amp_mode=bf16 (not the keys that "
-        "define the weights); repeatable",
-    )
+    add_trained_config_changes(parser, "data.root=/scratch/era5 or train.amp_mode=bf16")
 
 
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,8 +16,7 @@ from typing import Any
 
 from dlscale.report.figures import save_png, validation_figures
 from dlscale.report.summary import final_line, report_skill
-from dlscale.runtime.atomic_files import write_directory_atomically
-from dlscale.runtime.storage import as_storage_error
+from dlscale.runtime.storage import write_results_directory
 from dlscale.runtime.strict_json import to_json
 from dlscale.training.evaluate import EvalSummary
 
@@ -99,15 +98,7 @@ def write_evaluation(
         (tmp / METRICS_CSV).write_text(metrics_csv(document))
         (tmp / METRICS_JSON).write_text(to_json(document))  # each file is flushed before the directory moves
 
-    try:
-        write_directory_atomically(directory, fill)
-    except (OSError, RuntimeError) as exc:
-        storage = as_storage_error(
-            exc, directory, "cannot write the evaluation (an earlier one is unchanged)"
-        )
-        if storage is not None:
-            raise storage from exc
-        raise
+    write_results_directory(directory, fill, "the evaluation")
     return [directory / name for name in document["files"]]
 
 

@@ -54,11 +54,10 @@ from dlscale.report.progress_display import PassProgress
 from dlscale.report.run_dir import early_logging
 from dlscale.run.evaluation import Evaluation, prepare
 from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD, choose_starts, format_hours, lead_steps
-from dlscale.runtime.atomic_files import write_directory_atomically
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import detect_process
 from dlscale.runtime.rng import seed_everything
-from dlscale.runtime.storage import as_storage_error
+from dlscale.runtime.storage import write_results_directory
 from dlscale.runtime.strict_json import to_json
 from dlscale.training.precision import Precision
 from dlscale.training.rollout import Rollout, roll_out
@@ -239,11 +238,5 @@ def _write(
         (tmp / SCORES_CSV).write_text(scores_csv(document))
         (tmp / SCORES_JSON).write_text(to_json(document))
 
-    try:
-        write_directory_atomically(directory, fill)
-    except (OSError, RuntimeError) as exc:
-        storage = as_storage_error(exc, directory, "cannot write the forecast (an earlier one is unchanged)")
-        if storage is not None:
-            raise storage from exc
-        raise
+    write_results_directory(directory, fill, "the forecast")
     return [directory / name for name in document["files"]]

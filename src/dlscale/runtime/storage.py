@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dlscale.errors import StorageError
-from dlscale.runtime.atomic_files import is_temporary_name
+from dlscale.runtime.atomic_files import is_temporary_name, write_directory_atomically
 
 log = logging.getLogger("dlscale.train")
 
@@ -79,6 +79,19 @@ def find_storage_errno(exc: BaseException) -> tuple[int, str | None] | None:
         if words in text:
             return code, None
     return None
+
+
+def write_results_directory(directory: Path, fill: Callable[[Path], None], what: str) -> None:
+    """Write a results directory (``dlscale evaluate``'s, ``dlscale forecast``'s) in one piece, with
+    :func:`~dlscale.runtime.atomic_files.write_directory_atomically`; a full disk, a quota or a read-only
+    directory becomes a StorageError saying that ``what`` could not be written and the earlier one is unchanged."""
+    try:
+        write_directory_atomically(directory, fill)
+    except (OSError, RuntimeError) as exc:
+        storage = as_storage_error(exc, directory, f"cannot write {what} (an earlier one is unchanged)")
+        if storage is not None:
+            raise storage from exc
+        raise
 
 
 def as_storage_error(
