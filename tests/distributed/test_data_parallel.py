@@ -14,6 +14,7 @@ import torch
 from forked_ranks import run_ranks
 from run_configs import tiny_run_config
 
+from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.files import load_checkpoint
 from dlscale.errors import ConfigError
 from dlscale.parallel.data_parallel import wrap_data_parallel
@@ -59,7 +60,8 @@ def train_rank(rank: int, data: Path, expdir: Path, overrides: tuple[str, ...], 
 
 
 def checkpoint(expdir: Path) -> dict:
-    return load_checkpoint(expdir / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")
+    # ckpt_latest.pt, or the ckpt_latest directory of a sharded checkpoint (tp and FSDP2 runs write those)
+    return load_checkpoint(CheckpointDir(expdir / "tiny" / "00" / "checkpoints").latest_path)
 
 
 def assert_close_weights(expected: dict, actual: dict, what: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.files import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,10 +119,12 @@ def test_the_tutorials_model_parallel_flags_train_like_the_serial_run(tiny_era5,
     assert launched.returncode == 0, log
     assert "Parallel layout: dp=1 x tp=2 x cp=2 (order cp-tp-dp), 4 rank(s)" in log
     assert "cp groups: {0,1} {2,3}" in log and "tp groups: {0,2} {1,3}" in log
+    # the tp x cp run writes a sharded checkpoint (checkpoint.format auto), read here consolidated
     serial, parallel = (
-        load_checkpoint(tmp_path / d / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")
+        load_checkpoint(CheckpointDir(tmp_path / d / "tiny" / "00" / "checkpoints").latest_path)
         for d in ("serial", "mp")
     )
+    assert (tmp_path / "mp" / "tiny" / "00" / "checkpoints" / "ckpt_latest").is_dir()
     for key in ("train_loss", "val_loss"):
         assert parallel["progress"]["history"][0][key] == pytest.approx(
             serial["progress"]["history"][0][key], rel=1e-5

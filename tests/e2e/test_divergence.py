@@ -14,6 +14,7 @@ import pytest
 import torch
 from nan_data import NAN_TIME, copy_with_nan
 
+from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.files import load_checkpoint
 from dlscale.errors import DataError, TrainingDiverged
 from dlscale.run.training import train
@@ -143,11 +144,12 @@ def test_a_huge_learning_rate_diverges_without_saving_and_says_what_to_try(tiny_
     assert "No checkpoint had been saved yet" in (run_dir(cfg) / "out.log").read_text()
 
 
-def test_nonfinite_weights_are_never_saved_even_with_finite_losses(tiny_config):
-    cfg = tiny_config("checkpoint.save_every_steps=4")
-    with pytest.raises(TrainingDiverged, match=r"weights hold NaN or infinite values \(.*model\['"):
+@pytest.mark.parametrize("checkpoint_format", ["file", "dcp"])
+def test_nonfinite_weights_are_never_saved_even_with_finite_losses(tiny_config, checkpoint_format):
+    cfg = tiny_config("checkpoint.save_every_steps=4", f"checkpoint.format={checkpoint_format}")
+    with pytest.raises(TrainingDiverged, match=r"weights hold NaN or infinite values \(.*model(\['|\.)"):
         train(cfg, extra_observers=[PoisonOptimizerAt(7)])
-    state = load_checkpoint(run_dir(cfg) / "checkpoints" / "ckpt_latest.pt")
+    state = load_checkpoint(CheckpointDir(run_dir(cfg) / "checkpoints").latest_path)
     assert state["progress"]["global_step"] == 4
     assert all(torch.isfinite(t).all() for t in state["model"].values())
 
@@ -174,14 +176,16 @@ def test_skip_has_a_limit(tiny_config, nan_era5):
         train(cfg)
 
 
-def test_rollback_recovers_from_a_transient_blow_up_with_a_lower_lr(tiny_config):
+# A background save of step 12 may still be in flight at the blow-up: the rollback waits for it.
+@pytest.mark.parametrize("checkpoint", [(), ("checkpoint.async_save=true",)], ids=["file", "dcp-async"])
+def test_rollback_recovers_from_a_transient_blow_up_with_a_lower_lr(tiny_config, checkpoint):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg = tiny_config("train.on_nonfinite=rollback", "checkpoint.save_every_steps=4")
+    cfg = tiny_config("train.on_nonfinite=rollback", "checkpoint.save_every_steps=4", *checkpoint)
     assert train(cfg, extra_observers=[PoisonWeightsOnceAt(13)]) == 0
     summary = strict_json(run_dir(cfg) / "summary.json")
     assert summary["outcome"] == "finished" and summary["rollbacks"] == 1
-    state = load_checkpoint(run_dir(cfg) / "checkpoints" / "ckpt_latest.pt")
+    state = load_checkpoint(CheckpointDir(run_dir(cfg) / "checkpoints").latest_path)
     assert state["scheduler"]["scale"] == 0.5 and state["progress"]["rollbacks"] == 1
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     log = (run_dir(cfg) / "out.log").read_text()

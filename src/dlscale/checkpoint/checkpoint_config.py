@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from dlscale.errors import InvalidValue
+
+# Above this many bytes of checkpoint, a run of several processes writes sharded checkpoints by default
+# (checkpoint.format: auto): benchmarks/results/checkpoint_save.md measures where gathering on rank 0 falls behind.
+SHARDED_ABOVE_BYTES = 1 << 30
 
 
 @dataclass
@@ -21,6 +26,13 @@ class CheckpointConfig:
     resume: str = "auto"  # auto: continue from the run directory's latest checkpoint if there is one;
     # never: start fresh (refuses to overwrite an existing checkpoint); or the path of a checkpoint file, or
     # of a run directory or checkpoints directory (its ckpt_latest.pt)
+    # file: one file, gathered on rank 0 (small models; dlscale export's input); dcp: every rank writes its own
+    # shards in parallel through torch.distributed.checkpoint (a directory); auto: dcp when the model is sharded
+    # (FSDP2, tensor parallelism) or a multi-process run's checkpoint is above 1 GiB, else file
+    format: Literal["auto", "file", "dcp"] = "auto"
+    async_save: bool = (
+        False  # dcp: write in a background thread; the loop waits only for the copy to host memory
+    )
     resume_weights_only: bool = False  # take only the model weights from `resume` (a path) and start a new
     # run from them: fresh optimizer, schedule and position; model keys may differ (fine-tuning)
 
@@ -33,8 +45,23 @@ class CheckpointConfig:
             raise InvalidValue("keep_last", f"must be >= 0, got {self.keep_last}")
         if not self.resume:
             raise InvalidValue("resume", "must be 'auto', 'never' or a checkpoint path")
+        if self.format not in ("auto", "file", "dcp"):
+            raise InvalidValue("format", f"must be 'auto', 'file' or 'dcp', got {self.format!r}")
+        if self.async_save and self.format == "file":
+            raise InvalidValue(
+                "async_save",
+                "writes sharded checkpoints in the background: set checkpoint.format to dcp or auto",
+            )
         if self.resume_weights_only and self.resume in ("auto", "never"):
             raise InvalidValue(
                 "resume_weights_only",
                 "needs the checkpoint to take the weights from: --resume PATH (a checkpoint file or run directory)",
             )
+
+    def sharded(self, model_sharded: bool, processes: int, checkpoint_bytes: int) -> bool:
+        """Whether this run writes sharded (DCP) checkpoints: ``format``, with ``auto`` decided by whether the model
+        is sharded, the number of processes and the checkpoint's size (``async_save`` implies them)."""
+        if self.format != "auto":
+            return self.format == "dcp"
+        big = processes > 1 and checkpoint_bytes > SHARDED_ABOVE_BYTES
+        return self.async_save or model_sharded or big

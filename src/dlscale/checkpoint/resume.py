@@ -13,6 +13,7 @@ import torch
 from dlscale.checkpoint.checkpoint_config import CheckpointConfig
 from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.files import NotADlscaleCheckpoint, foreign_file_kind, load_checkpoint
+from dlscale.checkpoint.sharded_files import is_sharded_checkpoint, read_header
 from dlscale.errors import CheckpointError
 from dlscale.training.training_setup import RunRecord
 
@@ -62,7 +63,7 @@ def resume_source(cfg: CheckpointConfig, checkpoints: CheckpointDir) -> Path | N
             )
         return None
     if cfg.resume == "auto":
-        if checkpoints.latest_path.is_file():
+        if checkpoints.latest_path.exists():
             return checkpoints.latest_path
         others = checkpoints.other_checkpoints()
         if others:
@@ -96,6 +97,8 @@ def checkpoint_file(path: Path) -> Path:
     A file that is plainly no checkpoint (an HDF5 data file, a text file...) is refused here, before anything is
     built, with what it looks like; a damaged checkpoint is left to :func:`load_for_resume`.
     """
+    if is_sharded_checkpoint(path):
+        return path
     if path.is_file():
         kind = foreign_file_kind(path)
         if kind is not None:
@@ -104,8 +107,9 @@ def checkpoint_file(path: Path) -> Path:
             )
         return path
     if path.is_dir():
-        for candidate in (path / CheckpointDir.LATEST_NAME, path / "checkpoints" / CheckpointDir.LATEST_NAME):
-            if candidate.is_file():
+        for directory in (path, path / "checkpoints"):
+            candidate = CheckpointDir(directory).latest_path
+            if candidate.exists():
                 return candidate
         raise CheckpointError(
             f"checkpoint.resume: {path} is a directory without {CheckpointDir.LATEST_NAME} (nor "
@@ -148,11 +152,18 @@ def load_for_resume(path: Path, checkpoints: CheckpointDir) -> dict[str, Any]:
     """Load ``path``; when it cannot be loaded, the error names the checkpoints beside it that do load (this
     run's, or those of the other run's directory that ``path`` is in)."""
     try:
+        if is_sharded_checkpoint(path):
+            return read_header(path)  # each rank reads its own tensors later
         return load_checkpoint(path, map_location="cpu")  # load_state_dict moves tensors to the device
     except NotADlscaleCheckpoint as exc:
         raise CheckpointError(f"{exc}; {RESUME_EXPECTS}") from None  # intact, so nothing to move aside
     except CheckpointError as exc:
         raise CheckpointError(f"{exc}. {recovery_hint(checkpoints, path)}") from None
+
+
+def checkpoint_header(path: Path) -> dict[str, Any]:
+    """A checkpoint's entries without reading a sharded one's tensors (its position, config, meta)."""
+    return read_header(path) if is_sharded_checkpoint(path) else load_checkpoint(path, map_location="cpu")
 
 
 def is_own_checkpoint(path: Path, checkpoints: CheckpointDir) -> bool:
@@ -170,7 +181,7 @@ def recovery_hint(checkpoints: CheckpointDir, broken: Path) -> str:
         if candidate.resolve() == broken.resolve():
             continue
         try:
-            progress = load_checkpoint(candidate, map_location="cpu").get("progress", {})
+            progress = checkpoint_header(candidate).get("progress", {})
         except CheckpointError:
             continue
         position = f"epoch {progress.get('epoch', '?')}, global step {progress.get('global_step', '?')}"

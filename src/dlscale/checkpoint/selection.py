@@ -17,6 +17,7 @@ from typing import Any
 from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.files import foreign_file_kind
 from dlscale.checkpoint.resume import weight_key_changes, what_directory_holds
+from dlscale.checkpoint.sharded_files import is_sharded_checkpoint
 from dlscale.errors import CheckpointError
 
 CONFIG_FILE = "config.yaml"
@@ -58,7 +59,7 @@ def choose_checkpoint(
     """The checkpoint that ``target`` (a run directory, its ``checkpoints/`` or a checkpoint file) and
     ``checkpoint`` (``latest``, the default; ``best``; or a file's path) name for ``dlscale COMMAND``;
     CheckpointError, naming what is there instead, when there is none."""
-    if target.is_file():
+    if target.is_file() or is_sharded_checkpoint(target):
         if checkpoint is not None:
             raise CheckpointError(
                 f"{target} is a checkpoint file, and --checkpoint {checkpoint} chooses among a run directory's "
@@ -75,7 +76,7 @@ def choose_checkpoint(
     if choice not in CHOICES:
         path = Path(choice).expanduser()
         for candidate in (path, checkpoints.directory / path):  # also a file named as it is in checkpoints/
-            if candidate.is_file():
+            if candidate.is_file() or is_sharded_checkpoint(candidate):
                 return ChosenCheckpoint(checked_file(candidate, command), run_dir, run_dir)
         what = "is not a file" if path.exists() else "does not exist"
         raise CheckpointError(
@@ -83,12 +84,12 @@ def choose_checkpoint(
             "the path of a checkpoint file"
         )
     path = checkpoints.latest_path if choice == "latest" else checkpoints.best_path
-    if path.is_file():
+    if path.exists():
         return ChosenCheckpoint(path, run_dir, run_dir)
     present = checkpoints.other_checkpoints(include_latest=True)
     if present:
         other = "best" if choice == "latest" else "latest"
-        advice = other if checkpoints_named(checkpoints, other).is_file() else str(present[0])
+        advice = other if checkpoints_named(checkpoints, other).exists() else str(present[0])
         raise CheckpointError(
             f"{run_dir}: has no checkpoints/{path.name} for --checkpoint {choice}; it holds "
             f"{', '.join(p.name for p in present)}: {command} one with --checkpoint {advice}"
@@ -107,6 +108,8 @@ def checkpoints_named(checkpoints: CheckpointDir, choice: str) -> Path:
 def checked_file(path: Path, command: str = "evaluate") -> Path:
     """``path``, unless it is plainly no checkpoint (an HDF5 file, a text file...); a damaged checkpoint is
     left to the loader, which says what is wrong with it."""
+    if is_sharded_checkpoint(path):
+        return path
     kind = foreign_file_kind(path)
     if kind is not None:
         raise CheckpointError(f"{path} is not a dlscale checkpoint ({kind}); {expects(command)}")

@@ -15,6 +15,12 @@ from typing import Any
 import torch
 
 from dlscale.checkpoint.directory import CheckpointDir
+from dlscale.checkpoint.distributed_state import (
+    load_model_shards,
+    model_tensors,
+    optimizer_parts,
+    optimizer_state_from_shards,
+)
 from dlscale.checkpoint.files import load_model_state
 from dlscale.checkpoint.resume import (
     check_config_changes,
@@ -23,12 +29,14 @@ from dlscale.checkpoint.resume import (
     load_for_resume,
     load_optimizer_state,
 )
+from dlscale.checkpoint.sharded_files import is_sharded_checkpoint
 from dlscale.checkpoint.sharded_state import (
     full_model_state,
     full_optimizer_state,
     local_model_state,
     local_optimizer_state,
 )
+from dlscale.checkpoint.sharded_writer import ShardedCheckpointWriter
 from dlscale.errors import CheckpointError
 from dlscale.runtime.rng import capture_rng_state, restore_rng_state
 from dlscale.training.train_progress import TrainProgress
@@ -40,13 +48,37 @@ log = logging.getLogger(__name__)
 
 
 def training_payload(trainer: Trainer) -> dict[str, Any]:
-    """Everything needed to continue ``trainer``'s run exactly where it is now."""
+    """Everything needed to continue ``trainer``'s run exactly where it is now (a single-file checkpoint)."""
     setup = trainer.setup
     trainer.flush_loss()
     return {
         # Gathered to the serial model's shapes, so that any layout can continue from it.
         "model": full_model_state(setup.model),
         "optimizer": full_optimizer_state(setup.model, setup.optimizer),
+        **_run_state(trainer),
+    }
+
+
+def sharded_training_state(trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(this rank's tensors in the serial model's coordinates, the header with everything else) of a sharded
+    checkpoint: no collective, no copy; any layout continues from it (see :mod:`.distributed_state`)."""
+    setup = trainer.setup
+    trainer.flush_loss()
+    tensors = model_tensors(setup.model)
+    optimizer_tensors, optimizer_rest = optimizer_parts(setup.model, setup.optimizer)
+    tensors.update(optimizer_tensors)
+    header = {
+        "optimizer": optimizer_rest,
+        **_run_state(trainer),
+        "sharded": {"writer": "torch.distributed.checkpoint", "tensors": len(tensors)},
+    }
+    return tensors, header
+
+
+def _run_state(trainer: Trainer) -> dict[str, Any]:
+    """A checkpoint's entries besides the model and optimizer tensors."""
+    setup = trainer.setup
+    return {
         "scheduler": setup.schedule.state_dict(),
         "grad_scaler": setup.precision.state_dict(),
         "rng": capture_rng_state(),
@@ -76,16 +108,23 @@ def restore_training(
     which then take effect from here on. With ``weights_only`` (``checkpoint.resume_weights_only``) only the
     weights are taken, changed model keys are allowed, and a fresh position is returned.
     """
-    payload = load_for_resume(path, checkpoints)  # names the run's loadable checkpoints if it fails
+    sharded = is_sharded_checkpoint(path)
+    # Names the run's loadable checkpoints if it fails; of a sharded checkpoint only the header (no tensors).
+    payload = load_for_resume(path, checkpoints)
     source = str(path)
-    for entry in ("model",) if weights_only else ("model", "optimizer", "progress", "rng", "meta"):
+    needed = ("model",) if weights_only else ("model", "optimizer", "progress", "rng", "meta")
+    for entry in needed[1:] if sharded else needed:
         if entry not in payload:
             raise CheckpointError(f"{source}: has no {entry!r} entry; it cannot resume a training run")
     meta = payload.get("meta", {})
     check_workload(meta, setup.record, path, checkpoints)
     check_config_changes(payload.get("config", {}), setup.record, source, weights_only)
-    # The checkpoint holds the serial model's state; each rank loads its own shards of it.
-    load_model_state(setup.model, local_model_state(setup.model, payload["model"]), source)
+    # The checkpoint holds the serial model's state; each rank loads its own shards of it (from a sharded one,
+    # DCP reads only those).
+    if sharded:
+        load_model_shards(setup.model, path, source)
+    else:
+        load_model_state(setup.model, local_model_state(setup.model, payload["model"]), source)
     if weights_only:
         log.info("%s: took the model weights only; optimizer, LR schedule and position start afresh", source)
         return TrainProgress()
@@ -95,7 +134,12 @@ def restore_training(
             f"{source}: was written with global batch size {saved_batch}, this run uses {setup.global_batch_size}; "
             "the data position and the LR schedule only carry over with the same global batch size"
         )
-    optimizer_state = local_optimizer_state(setup.model, setup.optimizer, payload["optimizer"])
+    if sharded:
+        optimizer_state = optimizer_state_from_shards(
+            setup.model, setup.optimizer, path, payload["optimizer"]
+        )
+    else:
+        optimizer_state = local_optimizer_state(setup.model, setup.optimizer, payload["optimizer"])
     load_optimizer_state(setup.optimizer, optimizer_state, source)
     setup.precision.load_state_dict(payload.get("grad_scaler"))
     saved_schedule = dict(payload.get("scheduler") or {})
@@ -125,15 +169,24 @@ def continue_logger_runs(runs: dict[str, str], saved: Any) -> None:
 class CheckpointRecovery:
     """The divergence guard's way back: the run's last good checkpoint (see ``train.on_nonfinite``)."""
 
-    def __init__(self, setup: TrainingSetup, checkpoints: CheckpointDir, resumed_from: Path | None):
+    def __init__(
+        self,
+        setup: TrainingSetup,
+        checkpoints: CheckpointDir,
+        resumed_from: Path | None,
+        sharded: ShardedCheckpointWriter | None = None,
+    ):
         self.setup = setup
         self.checkpoints = checkpoints
         self.resumed_from = resumed_from
+        self.sharded = sharded
 
     def last_good(self) -> Path | None:
         """This run's last save; before its first one, the checkpoint it resumed from (maybe another run's)."""
+        if self.sharded is not None:
+            self.sharded.finish()  # a save still being written is the last good one once it is complete
         latest = self.checkpoints.latest_path
-        return latest if latest.is_file() else self.resumed_from
+        return latest if latest.exists() else self.resumed_from
 
     def restore(self, path: Path) -> TrainProgress:
         """The whole state of ``path`` (weights, optimizer, schedule, RNG); its position is returned."""

@@ -30,7 +30,7 @@ def checkpoint_to_export(source: Path, which: str | None = None) -> Path:
 def load_export_source(path: Path) -> dict[str, Any]:
     """The checkpoint at ``path``, with the entries an export reads; CheckpointError naming the file if not."""
     try:
-        payload = load_checkpoint(path, map_location="cpu")
+        payload = load_checkpoint(path, map_location="cpu", optimizer=False)
     except NotADlscaleCheckpoint as exc:
         raise CheckpointError(f"{exc}; {EXPORT_EXPECTS}") from None
     for entry in _NEEDED_ENTRIES:

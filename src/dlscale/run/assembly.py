@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.resume import resume_source, weight_defining_keys
+from dlscale.checkpoint.size import estimate_checkpoint_bytes
 from dlscale.checkpoint.training_state import restore_training
 from dlscale.config.run_config import RunConfig
 from dlscale.data.dataset_description import describe_dataset
@@ -34,6 +35,7 @@ from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.runtime.nvtx import NO_MARKERS
 from dlscale.runtime.rng import seed_everything
+from dlscale.runtime.storage import format_bytes
 from dlscale.training.graphs import GraphedTrainStep, optimizer_is_capturable
 from dlscale.training.observer import Observer
 from dlscale.training.optim import build_optimizer
@@ -322,6 +324,27 @@ def describe_execution(cfg: RunConfig, on_gpu: bool) -> str:
     return ", ".join(parts)
 
 
+def writes_sharded_checkpoints(run: BuiltRun) -> bool:
+    """Whether the run writes sharded (DCP) checkpoints (``checkpoint.format``; ``auto`` decides by the model's
+    sharding, the number of processes and the checkpoint's size)."""
+    cfg, setup = run.config, run.setup
+    model_sharded = cfg.parallel.data_parallel == "fsdp" or setup.mesh.size("tp") > 1
+    size = estimate_checkpoint_bytes(setup.model, cfg.optim)
+    return cfg.checkpoint.enabled and cfg.checkpoint.sharded(model_sharded, setup.process.world_size, size)
+
+
+def describe_checkpoints(run: BuiltRun) -> str:
+    """How the run's checkpoints are written, for the start-of-run lines."""
+    size = format_bytes(estimate_checkpoint_bytes(run.setup.model, run.config.optim))
+    if not writes_sharded_checkpoints(run):
+        return f"one file of about {size}, gathered on rank 0 (checkpoint.format: file)"
+    background = ", in the background" if run.config.checkpoint.async_save else ""
+    return (
+        f"sharded, about {size} in all: every rank writes its own shards through torch.distributed.checkpoint"
+        f"{background} (checkpoint.format: dcp)"
+    )
+
+
 def describe_run(run: BuiltRun) -> list[str]:
     """The start-of-run lines: what is being trained, on what, for how long."""
     cfg, setup = run.config, run.setup
@@ -346,6 +369,8 @@ def describe_run(run: BuiltRun) -> list[str]:
         f"{setup.mesh.dp_size} data-parallel rank(s)); {plan.explanation}",
         f"Execution: {describe_execution(cfg, setup.device.is_gpu)}",
     ]
+    if cfg.checkpoint.enabled:
+        lines.append(f"Checkpoints: {describe_checkpoints(run)}")
     if run.preflight is not None:
         lines.append(run.preflight.describe())
     if setup.utilization is not None:

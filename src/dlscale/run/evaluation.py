@@ -97,7 +97,7 @@ def prepare(
     keys that define the weights changed by ``--set`` or by another run's config); ``command`` names the
     command in the messages (``dlscale forecast`` reads checkpoints the same way)."""
     source = choose_checkpoint(target, checkpoint, command)
-    payload = load_checkpoint(source.checkpoint)
+    payload = load_checkpoint(source.checkpoint, optimizer=False)
     if "model" not in payload:
         raise CheckpointError(f"{source.checkpoint}: has no 'model' entry; there are no weights to evaluate")
     cfg = evaluation_config(source, payload, overrides)

@@ -15,6 +15,7 @@ from typing import Any
 
 from dlscale.checkpoint.checkpoint_observer import CheckpointObserver
 from dlscale.checkpoint.directory import CheckpointDir
+from dlscale.checkpoint.sharded_writer import ShardedCheckpointWriter
 from dlscale.checkpoint.size import estimate_checkpoint_bytes
 from dlscale.checkpoint.training_state import CheckpointRecovery
 from dlscale.config import RunConfig
@@ -27,7 +28,7 @@ from dlscale.report.metrics_observer import MetricsReporter
 from dlscale.report.progress_display import ProgressReporter
 from dlscale.report.run_dir import early_logging, run_directory, setup_rank_logging, write_to_log_files
 from dlscale.report.summary import RunSummary, missing_report
-from dlscale.run.assembly import BuiltRun, build_training, describe_run
+from dlscale.run.assembly import BuiltRun, build_training, describe_run, writes_sharded_checkpoints
 from dlscale.run.bench import run_benchmark
 from dlscale.run.process_group import distributed_run
 from dlscale.runtime.atomic_files import write_text_atomically
@@ -217,9 +218,10 @@ def _train_on_this_rank(
         if cfg.monitor.enable_monitor
         else []
     )
-    own = build_observers(run)
+    sharded = sharded_writer(run)
+    own = build_observers(run, sharded)
     observers = own + list(run.profilers) + monitors + (extra_observers or [])
-    recovery = CheckpointRecovery(setup, run.checkpoints, run.resumed_from)
+    recovery = CheckpointRecovery(setup, run.checkpoints, run.resumed_from, sharded)
     try:
         with stop or StopRequest() as stop_request:
             trainer = Trainer(setup, observers, stop_request, recovery)
@@ -282,14 +284,24 @@ def _read_summary(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def build_observers(run: BuiltRun) -> list[Observer]:
+def sharded_writer(run: BuiltRun) -> ShardedCheckpointWriter | None:
+    """The writer of the run's sharded checkpoints when it writes them (``checkpoint.format``), else None."""
+    if not writes_sharded_checkpoints(run):
+        return None
+    setup = run.setup
+    return ShardedCheckpointWriter(
+        run.checkpoints, setup.process.is_main, run.config.checkpoint.async_save, pinned=setup.device.is_gpu
+    )
+
+
+def build_observers(run: BuiltRun, sharded: ShardedCheckpointWriter | None = None) -> list[Observer]:
     """The observers of a run, in the order they are told about events (logs before checkpoint lines)."""
     cfg, setup, run_dir = run.config, run.setup, run.setup.run_dir
     rollback = cfg.train.on_nonfinite == "rollback"  # needs a checkpoint to go back to from the start
     if not setup.process.is_main:
-        # Every rank takes part in gathering a model-parallel checkpoint; rank 0 writes it.
+        # Every rank takes part in gathering a model-parallel checkpoint (rank 0 writes it), or writes its shards.
         return (
-            [CheckpointObserver(cfg.checkpoint, run.checkpoints, write=False, save_at_start=rollback)]
+            [CheckpointObserver(cfg.checkpoint, run.checkpoints, False, rollback, sharded)]
             if cfg.checkpoint.enabled
             else []
         )
@@ -299,7 +311,7 @@ def build_observers(run: BuiltRun) -> list[Observer]:
         MemoryReport(),
     ]
     if cfg.checkpoint.enabled:
-        observers.append(CheckpointObserver(cfg.checkpoint, run.checkpoints, save_at_start=rollback))
+        observers.append(CheckpointObserver(cfg.checkpoint, run.checkpoints, True, rollback, sharded))
     # After the checkpoints (it writes its rows when a save has read the loss) and before RunSummary (which
     # plots its steps.csv).
     observers.append(MetricsReporter(cfg.log, run_dir))
@@ -347,7 +359,7 @@ def divergence_message(divergence: Divergence, cfg: RunConfig, checkpoints: Chec
     latest = checkpoints.latest_path
     if not cfg.checkpoint.enabled:
         kept = "Checkpoints are disabled (checkpoint.enabled: false), so nothing was saved."
-    elif latest.is_file():
+    elif latest.exists():
         kept = f"Nothing was saved after it; the last good checkpoint is {latest} (resume from it, or from "
         kept += f"{checkpoints.best_path.name} beside it, once the cause is fixed)."
     else:
