@@ -104,10 +104,21 @@ class RunsCode:
         return (Path.touch, (self.marker,))
 
 
-def test_dcp_metadata_is_unpickled_with_its_own_classes_only(tmp_path):
+def through_an_allowed_module(marker: Path) -> bytes:
+    """A pickle calling ``os.system`` reached as an attribute of DCP's filesystem module (which imports os)."""
+    command = f"touch {marker}".encode()
+    module, name = b"torch.distributed.checkpoint.filesystem", b"os.system"
+    return (
+        b"\x80\x04" + b"\x8c" + bytes([len(module)]) + module + b"\x8c" + bytes([len(name)]) + name + b"\x93"
+        + b"\x8c" + bytes([len(command)]) + command + b"\x85R."
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("payload", [lambda m: pickle.dumps(RunsCode(m)), through_an_allowed_module])
+def test_dcp_metadata_is_unpickled_with_its_own_classes_only(tmp_path, payload):
     checkpoints = save(tmp_path, [3])
     marker = tmp_path / "code-ran"
-    (checkpoints.latest_path / DCP_METADATA_NAME).write_bytes(pickle.dumps(RunsCode(marker)))
+    (checkpoints.latest_path / DCP_METADATA_NAME).write_bytes(payload(marker))
     with pytest.raises(CheckpointError, match="accepts DCP's metadata classes only"):
         load_checkpoint(checkpoints.latest_path)
     assert not marker.exists()
@@ -171,3 +182,18 @@ def test_a_step_saved_again_gets_a_directory_of_its_own(tmp_path):
         "ckpt_step00000005-1",
     ]
     assert load_checkpoint(checkpoints.latest_path)["progress"]["global_step"] == 5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
+def test_background_saves_of_gpu_tensors_stage_through_pinned_memory(tmp_path):
+    checkpoints = CheckpointDir(tmp_path)
+    writer = ShardedCheckpointWriter(checkpoints, is_main=True, asynchronous=True, pinned=True)
+    on_gpu = {name: value.cuda() for name, value in tensors(7).items()}
+    writer.save(on_gpu, header(7), 7, is_best=False)
+    for value in on_gpu.values():
+        value.add_(1.0)  # the loop goes on changing the weights: the staged copy must not see it
+    writer.close()
+    payload = load_checkpoint(checkpoints.latest_path)
+    assert torch.equal(payload["model"]["layer.weight"], torch.full((3, 4), 7.0))
+    assert payload["model"]["layer.weight"].device.type == "cpu"

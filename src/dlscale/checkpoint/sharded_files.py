@@ -15,6 +15,7 @@ only. The tensors themselves are read with ``torch.load(weights_only=True)`` by 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import pickle
 import re
 import warnings
@@ -36,8 +37,9 @@ SINGLE_PROCESS_WARNING = "torch.distributed is disabled, unavailable or uninitia
 _STEP_DIRECTORY = re.compile(r"ckpt_step\d{8,}(-\d+)?")  # how dlscale names a sharded checkpoint's directory
 
 # The classes DCP's .metadata pickle is made of (torch 2.11 to 2.13), and nothing else.
-_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata",)
 _OTHER_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
     ("pathlib", "PosixPath"),
@@ -79,12 +81,25 @@ def check_complete(path: Path) -> None:
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        allowed = module in _DCP_MODULES or (module, name) in _OTHER_GLOBALS
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            allowed = True
-        if not allowed:
+        if not _allowed_global(module, name):
             raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's checkpoint metadata")
         return super().find_class(module, name)
+
+
+def _allowed_global(module: str, name: str) -> bool:
+    """A class that DCP's metadata is made of: one defined in DCP's metadata module (dataclasses and enums), its
+    ``_StorageInfo``, a torch dtype, or one of a few plain ones. Never a dotted name (``os.system`` reached through
+    a module that imports ``os``) and never a function."""
+    if "." in name:
+        return False
+    if (module, name) in _OTHER_GLOBALS:
+        return True
+    if module == "torch":
+        return isinstance(getattr(torch, name, None), torch.dtype)
+    if module not in _DCP_MODULES:
+        return False
+    found = getattr(importlib.import_module(module), name, None)
+    return isinstance(found, type) and found.__module__ == module
 
 
 def safe_reader(path: Path) -> Any:
