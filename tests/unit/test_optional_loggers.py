@@ -19,13 +19,8 @@ from types import SimpleNamespace
 import pytest
 from run_configs import tiny_run_config
 
-from dlscale.report.loggers import (
-    MlflowLogger,
-    WandbLogger,
-    missing_logger_package,
-    mlflow_name,
-    open_loggers,
-)
+from dlscale.report.loggers import missing_logger_package, open_loggers
+from dlscale.report.trackers import MlflowLogger, WandbLogger, mlflow_name
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
 WANDB_MISSING = "wandb is not installed (pip install -e '.[wandb]'): the wandb logger is not tested"
