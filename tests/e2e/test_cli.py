@@ -88,6 +88,8 @@ def test_signal_saves_a_checkpoint_and_the_same_command_resumes(
     stopped_at = checkpoint["progress"]["global_step"]
     assert 11 <= stopped_at < 400 * 11 and not checkpoint["progress"]["completed"]
 
+    if signum != signal.SIGTERM:
+        return  # the resume after a stop is the same whichever signal stopped the run: once is enough
     # Resume with the same command, but only to the end of the current epoch so that the test stays short.
     epochs = checkpoint["progress"]["epoch"] + 1
     resumed = dlscale(*command[3:-4], "--num_epochs", str(epochs), "--progress", "none")
