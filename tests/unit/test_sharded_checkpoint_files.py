@@ -14,7 +14,7 @@ import torch
 
 from dlscale.checkpoint.checkpoint_config import SHARDED_ABOVE_BYTES, CheckpointConfig
 from dlscale.checkpoint.directory import CheckpointDir
-from dlscale.checkpoint.distributed_state import in_serial_coordinates
+from dlscale.checkpoint.distributed_state import in_serial_coordinates, load_model_shards, model_tensors
 from dlscale.checkpoint.files import load_checkpoint, save_checkpoint
 from dlscale.checkpoint.resume import load_for_resume
 from dlscale.checkpoint.sharded_files import DCP_METADATA_NAME, HEADER_NAME, is_complete
@@ -197,3 +197,23 @@ def test_background_saves_of_gpu_tensors_stage_through_pinned_memory(tmp_path):
     payload = load_checkpoint(checkpoints.latest_path)
     assert torch.equal(payload["model"]["layer.weight"], torch.full((3, 4), 7.0))
     assert payload["model"]["layer.weight"].device.type == "cpu"
+
+
+def test_a_sharded_model_state_must_fit_the_model_as_strictly_as_a_file(tmp_path):
+    two_layers = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    checkpoints = CheckpointDir(tmp_path)
+    writer = ShardedCheckpointWriter(checkpoints, is_main=True, asynchronous=False, pinned=False)
+    writer.save(model_tensors(two_layers), header(1), 1, is_best=False)
+    one_layer = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    with pytest.raises(CheckpointError, match=r"unexpected in the checkpoint: 1.bias, 1.weight"):
+        load_model_shards(one_layer, checkpoints.latest_path, "ckpt")
+    three_layers = torch.nn.Sequential(*two_layers, torch.nn.Linear(2, 2))
+    with pytest.raises(CheckpointError, match=r"missing from the checkpoint: 2.bias, 2.weight"):
+        load_model_shards(three_layers, checkpoints.latest_path, "ckpt")
+    wider = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    with pytest.raises(CheckpointError, match=r"model.0.weight is \(3, 3\) in the checkpoint and \(4, 3\)"):
+        load_model_shards(wider, checkpoints.latest_path, "ckpt")
+    fresh = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    load_model_shards(fresh, checkpoints.latest_path, "ckpt")
+    loaded, saved = fresh.state_dict(), two_layers.state_dict()
+    assert all(torch.equal(loaded[name], saved[name]) for name in saved)

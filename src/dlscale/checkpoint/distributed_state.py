@@ -220,9 +220,23 @@ def _tp_and_dp_mesh(tp_group: Any, dp_mesh: Any, device_type: str) -> Any:
 def load_model_shards(model: nn.Module, path: Any, source: str) -> None:
     """Load this rank's part of the model from the sharded checkpoint in ``path`` (every rank calls it)."""
     template, keys = model_template(model)
+    saved = {name for name in tensor_entries(path) if name.startswith(MODEL_PREFIX)}
+    missing, unexpected = sorted(set(template) - saved), sorted(saved - set(template))
+    if missing or unexpected:  # as strict as the single file: a weight left out is a different model
+        listed = [f"missing from the checkpoint: {_names(missing)}"] if missing else []
+        listed += [f"unexpected in the checkpoint: {_names(unexpected)}"] if unexpected else []
+        raise CheckpointError(
+            f"{source}: the checkpoint's model state does not fit the model ({'; '.join(listed)}). The checkpoint "
+            "was written for a different model configuration; compare the `model:` sections of the two configs."
+        )
     load_tensors(template, path, no_dist=not is_distributed())
     state = model.state_dict()
     load_model_state(model, {keys[n]: local_value(v, state[keys[n]]) for n, v in template.items()}, source)
+
+
+def _names(names: list[str], shown: int = 4) -> str:
+    names = [name[len(MODEL_PREFIX) :] for name in names]
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def optimizer_state_from_shards(
