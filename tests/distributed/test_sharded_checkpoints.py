@@ -66,6 +66,10 @@ def test_a_sharded_checkpoint_resumes_bitwise_on_one_process(tiny_era5, tmp_path
     assert all(is_complete(checkpoints.directory / name) for name in kept)
     assert (checkpoints.best_path / HEADER_NAME).is_file()
 
+    # dlscale evaluate reads the best one (a sharded directory) as it reads a file: the best validation loss again
+    metrics = dlscale.evaluate(stopped / "tiny" / "00", checkpoint="best")
+    assert metrics["checkpoint"] == str(checkpoints.best_path)
+    assert metrics["loss"] == pytest.approx(min(row["val_loss"] for row in history(stopped)), rel=1e-6)
     # dlscale export consolidates the shards into one weights file, on one process
     exported = dlscale.load_model(dlscale.export(stopped / "tiny" / "00", tmp_path / "export").directory)
     assert exported.manifest["source"]["checkpoint"] == str(checkpoints.latest_path.resolve())
