@@ -29,6 +29,7 @@ import torch
 
 from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.sharded_files import (
+    HEADER_NAME,
     SINGLE_PROCESS_WARNING,
     dcp_failures,
     is_complete,
@@ -234,6 +235,10 @@ class ShardedCheckpointWriter:
             kept |= {d.resolve() for d in complete[-self.checkpoints.keep_last :]}
         for directory in self.checkpoints.numbered_directories():
             if directory.resolve() not in kept:
+                # The header first: a removal cut short by a kill leaves an incomplete directory, never one
+                # that looks complete with shards missing (the next save's pruning removes the rest).
+                with contextlib.suppress(OSError):
+                    (directory / HEADER_NAME).unlink(missing_ok=True)
                 shutil.rmtree(directory, ignore_errors=True)
 
 
