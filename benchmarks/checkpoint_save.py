@@ -40,7 +40,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -55,6 +54,7 @@ from matplotlib.figure import Figure
 
 from dlscale.perf.bench.intervals import mean_interval
 from dlscale.runtime.atomic_files import write_text_atomically
+from dlscale.runtime.local_ranks import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("gathered", "dcp-sync", "dcp-async")
@@ -353,12 +353,6 @@ def rank_main(
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_case(world_size: int, method: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
@@ -367,7 +361,7 @@ def run_case(world_size: int, method: str, args: argparse.Namespace) -> dict[str
         began = time.perf_counter()
         mp.start_processes(
             rank_main,
-            args=(world_size, method, _free_port(), args, out),
+            args=(world_size, method, free_port(), args, out),
             nprocs=world_size,
             start_method="spawn",
         )
