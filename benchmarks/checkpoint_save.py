@@ -54,6 +54,7 @@ from matplotlib.figure import Figure
 
 from dlscale.perf.bench.intervals import mean_interval
 from dlscale.runtime.atomic_files import write_text_atomically
+from dlscale.runtime.device import Device
 from dlscale.runtime.local_ranks import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -332,7 +333,7 @@ def rank_main(
                 placeholder,
                 is_main=rank == 0,
                 asynchronous=method == "dcp-async",
-                pinned=False,
+                device=Device("cpu"),
             )
         saves = [save_once(method, model, optimizer, writer, step, args) for step in range(args.trials + 1)]
         if writer is not None:

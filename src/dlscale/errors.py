@@ -92,3 +92,11 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
 def config_location(source: str, name: str) -> str:
     """``file [config 'name']``: how messages name a config (its file and its section)."""
     return f"{source} [config {name!r}]"
+
+
+def exception_line(exc: BaseException, limit: int = 300) -> str:
+    """``TypeName: first line of the message``, at most ``limit`` characters: a library's exception inside one of
+    our one-line messages."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}"[:limit]

@@ -10,24 +10,13 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from test_training_run import StopAtStep
 
 from dlscale.checkpoint.files import load_checkpoint, save_checkpoint
 from dlscale.run.training import train
-from dlscale.training.observer import Observer
 
 STEPS = 2 * (46 // 4)  # two epochs of the tiny config
 BOTH = "log.loggers=[wandb,mlflow]"
-
-
-class StopAtStep(Observer):
-    """Asks the run to stop after a given global step, as a SIGTERM arriving during that step would."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, trainer, loss) -> None:
-        if trainer.progress.global_step == self.step:
-            trainer.stop.request("SIGTERM")
 
 
 @pytest.fixture

@@ -21,6 +21,9 @@ from dlscale.checkpoint.sharded_files import DCP_METADATA_NAME, HEADER_NAME, is_
 from dlscale.checkpoint.sharded_writer import ShardedCheckpointWriter
 from dlscale.errors import CheckpointError, InvalidValue, StorageError
 from dlscale.parallel.shard_specs import ShardSpec
+from dlscale.runtime.device import Device
+
+CPU = Device("cpu")
 
 
 def header(step: int) -> dict:
@@ -44,7 +47,7 @@ def save(
     directory: Path, steps: list[int], keep_last: int = 0, asynchronous: bool = False, best=()
 ) -> CheckpointDir:
     checkpoints = CheckpointDir(directory, keep_last=keep_last)
-    writer = ShardedCheckpointWriter(checkpoints, is_main=True, asynchronous=asynchronous, pinned=False)
+    writer = ShardedCheckpointWriter(checkpoints, is_main=True, asynchronous=asynchronous, device=CPU)
     for step in steps:
         writer.save(tensors(step), header(step), step, is_best=step in best)
     writer.close()
@@ -133,7 +136,7 @@ def test_a_failed_write_names_the_directory_and_keeps_the_previous_checkpoint(tm
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(filesystem.FileSystemWriter, "write_data", disk_full)
-    writer = ShardedCheckpointWriter(checkpoints, is_main=True, asynchronous=False, pinned=False)
+    writer = ShardedCheckpointWriter(checkpoints, is_main=True, asynchronous=False, device=CPU)
     with pytest.raises(StorageError, match="ckpt_step00000002.*stays the latest checkpoint"):
         writer.save(tensors(2), header(2), 2, is_best=False)
     assert load_checkpoint(checkpoints.latest_path)["progress"]["global_step"] == 1
@@ -188,7 +191,7 @@ def test_a_step_saved_again_gets_a_directory_of_its_own(tmp_path):
 @pytest.mark.gpu
 def test_background_saves_of_gpu_tensors_stage_through_pinned_memory(tmp_path):
     checkpoints = CheckpointDir(tmp_path)
-    writer = ShardedCheckpointWriter(checkpoints, is_main=True, asynchronous=True, pinned=True)
+    writer = ShardedCheckpointWriter(checkpoints, is_main=True, asynchronous=True, device=Device("cuda"))
     on_gpu = {name: value.cuda() for name, value in tensors(7).items()}
     writer.save(on_gpu, header(7), 7, is_best=False)
     for value in on_gpu.values():
@@ -202,7 +205,7 @@ def test_background_saves_of_gpu_tensors_stage_through_pinned_memory(tmp_path):
 def test_a_sharded_model_state_must_fit_the_model_as_strictly_as_a_file(tmp_path):
     two_layers = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
     checkpoints = CheckpointDir(tmp_path)
-    writer = ShardedCheckpointWriter(checkpoints, is_main=True, asynchronous=False, pinned=False)
+    writer = ShardedCheckpointWriter(checkpoints, is_main=True, asynchronous=False, device=CPU)
     writer.save(model_tensors(two_layers), header(1), 1, is_best=False)
     one_layer = torch.nn.Sequential(torch.nn.Linear(3, 3))
     with pytest.raises(CheckpointError, match=r"unexpected in the checkpoint: 1.bias, 1.weight"):

@@ -15,7 +15,7 @@ tensor parallelism always splits evenly (whole heads, an MLP width divisible by 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -37,14 +37,16 @@ from dlscale.runtime.distributed import is_distributed
 
 def model_tensors(model: nn.Module) -> dict[str, Any]:
     """{``model.<serial name>``: this rank's tensor, placed in the serial tensor} (no copies, no collectives)."""
+    return {name: in_serial_coordinates(value, spec, key) for name, key, value, spec in _model_entries(model)}
+
+
+def _model_entries(model: nn.Module) -> Iterator[tuple[str, str, torch.Tensor, ShardSpec | None]]:
+    """(checkpoint name, the model's own state_dict key, this rank's tensor, its ShardSpec) of every tensor."""
     state = model.state_dict()
     specs = shard_specs(model)
-    names = canonical_names(list(state))
-    return {
-        f"{MODEL_PREFIX}{canonical}": in_serial_coordinates(state[key], specs.get(key), key)
-        for canonical, key in names.items()
-        if torch.is_tensor(state[key])
-    }
+    for canonical, key in canonical_names(list(state)).items():
+        if torch.is_tensor(state[key]):
+            yield f"{MODEL_PREFIX}{canonical}", key, state[key], specs.get(key)
 
 
 def optimizer_parts(
@@ -73,14 +75,10 @@ def optimizer_parts(
 def model_template(model: nn.Module) -> tuple[dict[str, Any], dict[str, str]]:
     """(empty tensors to load this rank's part of the model into, named as in the checkpoint; {checkpoint name:
     the model's own state_dict key})."""
-    state = model.state_dict()
-    specs = shard_specs(model)
     template, keys = {}, {}
-    for canonical, key in canonical_names(list(state)).items():
-        if torch.is_tensor(state[key]):
-            name = f"{MODEL_PREFIX}{canonical}"
-            template[name] = in_serial_coordinates(torch.empty_like(state[key]), specs.get(key), key)
-            keys[name] = key
+    for name, key, value, spec in _model_entries(model):
+        template[name] = in_serial_coordinates(torch.empty_like(value), spec, key)
+        keys[name] = key
     return template, keys
 
 
@@ -220,7 +218,8 @@ def _tp_and_dp_mesh(tp_group: Any, dp_mesh: Any, device_type: str) -> Any:
 def load_model_shards(model: nn.Module, path: Any, source: str) -> None:
     """Load this rank's part of the model from the sharded checkpoint in ``path`` (every rank calls it)."""
     template, keys = model_template(model)
-    saved = {name for name in tensor_entries(path) if name.startswith(MODEL_PREFIX)}
+    entries = tensor_entries(path)
+    saved = {name for name in entries if name.startswith(MODEL_PREFIX)}
     missing, unexpected = sorted(set(template) - saved), sorted(saved - set(template))
     if missing or unexpected:  # as strict as the single file: a weight left out is a different model
         listed = [f"missing from the checkpoint: {_names(missing)}"] if missing else []
@@ -229,7 +228,7 @@ def load_model_shards(model: nn.Module, path: Any, source: str) -> None:
             f"{source}: the checkpoint's model state does not fit the model ({'; '.join(listed)}). The checkpoint "
             "was written for a different model configuration; compare the `model:` sections of the two configs."
         )
-    load_tensors(template, path, no_dist=not is_distributed())
+    load_tensors(template, path, entries, no_dist=not is_distributed())
     state = model.state_dict()
     load_model_state(model, {keys[n]: local_value(v, state[keys[n]]) for n, v in template.items()}, source)
 
@@ -244,8 +243,9 @@ def optimizer_state_from_shards(
 ) -> dict[str, Any]:
     """The optimizer's state dict for this rank, from the sharded checkpoint in ``path`` and its header's part
     ``saved_rest`` (param groups, non-tensor entries); every rank calls it."""
-    template = optimizer_template(model, optimizer, tensor_entries(path))
-    load_tensors(template, path, no_dist=not is_distributed())
+    entries = tensor_entries(path)
+    template = optimizer_template(model, optimizer, entries)
+    load_tensors(template, path, entries, no_dist=not is_distributed())
     params, _ = _indexed_parameters(model, optimizer)
     local = {}
     for name, value in template.items():

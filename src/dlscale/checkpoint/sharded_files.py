@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from dlscale.checkpoint.single_file import load_checkpoint_file, save_checkpoint
-from dlscale.errors import CheckpointError
+from dlscale.errors import CheckpointError, exception_line
 
 HEADER_NAME = "dlscale_state.pt"
 DCP_METADATA_NAME = ".metadata"
@@ -161,12 +161,14 @@ def write_header(path: Path, header: Mapping[str, Any]) -> None:
     save_checkpoint(header, path / HEADER_NAME)
 
 
-def load_tensors(template: dict[str, Any], path: Path, group: Any = None, no_dist: bool = False) -> None:
-    """Fill ``template`` ({name: tensor or DTensor shaped as this rank holds it}) from the checkpoint in ``path``;
-    DCP reads each rank's part of every serial tensor, whatever layout wrote it (a collective unless ``no_dist``)."""
+def load_tensors(
+    template: dict[str, Any], path: Path, entries: Mapping[str, Any], no_dist: bool = False
+) -> None:
+    """Fill ``template`` ({name: tensor or DTensor shaped as this rank holds it}) from the checkpoint in ``path``,
+    whose tensors ``entries`` lists (:func:`tensor_entries`); DCP reads each rank's part of every serial tensor,
+    whatever layout wrote it (a collective on the default group unless ``no_dist``)."""
     import torch.distributed.checkpoint as dcp
 
-    entries = tensor_entries(path)
     missing = [name for name in template if name not in entries]
     if missing:
         shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
@@ -179,11 +181,13 @@ def load_tensors(template: dict[str, Any], path: Path, group: Any = None, no_dis
             )
     try:
         with single_process_quiet():
-            dcp.load(template, storage_reader=safe_reader(path), process_group=group, no_dist=no_dist)
+            dcp.load(template, storage_reader=safe_reader(path), no_dist=no_dist)
     except CheckpointError:
         raise
     except dcp_failures() as exc:  # a damaged shard file, in DCP's wrapping
-        raise CheckpointError(f"{path}: its shards cannot be read ({_first_line(root_cause(exc))})") from exc
+        raise CheckpointError(
+            f"{path}: its shards cannot be read ({exception_line(root_cause(exc))})"
+        ) from exc
 
 
 def load_consolidated(path: Path, entries: Iterable[str] = ("model", "optimizer")) -> dict[str, Any]:
@@ -192,12 +196,13 @@ def load_consolidated(path: Path, entries: Iterable[str] = ("model", "optimizer"
     chooses which tensors are read (``("model",)`` skips the optimizer's moments)."""
     header = read_header(path)
     wanted = tuple(f"{entry}." for entry in entries)
+    saved = tensor_entries(path)
     template = {
         name: torch.empty(tuple(md.size), dtype=md.properties.dtype)
-        for name, md in tensor_entries(path).items()
+        for name, md in saved.items()
         if name.startswith(wanted)
     }
-    load_tensors(template, path, no_dist=True)
+    load_tensors(template, path, saved, no_dist=True)
     payload = {key: value for key, value in header.items() if key != "sharded"}
     if "model" in entries:
         payload["model"] = {
@@ -269,8 +274,3 @@ def root_cause(exc: BaseException) -> BaseException:
             queue.extend(found)
         queue.extend(linked for linked in (current.__cause__, current.__context__) if linked is not None)
     return first_failure or exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]

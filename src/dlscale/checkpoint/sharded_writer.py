@@ -37,9 +37,10 @@ from dlscale.checkpoint.sharded_files import (
     single_process_quiet,
     write_header,
 )
-from dlscale.errors import CheckpointError
+from dlscale.errors import CheckpointError, exception_line
 from dlscale.runtime.atomic_files import write_atomically
-from dlscale.runtime.distributed import barrier, is_distributed
+from dlscale.runtime.device import Device
+from dlscale.runtime.distributed import barrier, is_distributed, share_text_from_main
 from dlscale.runtime.storage import as_storage_error
 
 log = logging.getLogger("dlscale.train")
@@ -59,11 +60,11 @@ class PendingSave:
 class ShardedCheckpointWriter:
     """Writes ``checkpoints``' sharded checkpoints; every rank makes one and calls it at the same points."""
 
-    def __init__(self, checkpoints: CheckpointDir, is_main: bool, asynchronous: bool, pinned: bool):
+    def __init__(self, checkpoints: CheckpointDir, is_main: bool, asynchronous: bool, device: Device):
         self.checkpoints = checkpoints
         self.is_main = is_main
         self.asynchronous = asynchronous
-        self.pinned = pinned
+        self.device = device  # the staging copy is pinned on a GPU; rank 0's choices are sent from it
         self.pending: PendingSave | None = None
         self._group: Any = None
         self._stager: Any = None
@@ -135,13 +136,8 @@ class ShardedCheckpointWriter:
             shutil.rmtree(
                 self.checkpoints.directory / name, ignore_errors=True
             )  # a save that never completed
-        if is_distributed():  # no rank writes before rank 0 has named the directory and cleared it
-            import torch.distributed as dist
-
-            shared = [name]
-            dist.broadcast_object_list(shared, src=0)
-            name = shared[0]
-        return self.checkpoints.directory / name
+        # No rank writes before rank 0 has named the directory and cleared it.
+        return self.checkpoints.directory / share_text_from_main(name, self.device)
 
     def _writer(self, directory: Path) -> Any:
         from torch.distributed.checkpoint import FileSystemWriter
@@ -165,7 +161,7 @@ class ShardedCheckpointWriter:
         if self._stager is None or not stager_reusable():
             # Staged synchronously (the loop must not change the weights while they are copied), written by a
             # thread; pinned host memory where there is a GPU. The stager keeps its buffers between saves.
-            self._stager = DefaultStager(StagingOptions(self.pinned, False, False, False))
+            self._stager = DefaultStager(StagingOptions(self.device.is_gpu, False, False, False))
         if is_distributed() and self._group is None:
             # The background thread's collectives need a CPU group of their own (all ranks make it here).
             self._group = dist.new_group(backend="gloo")
@@ -195,7 +191,7 @@ class ShardedCheckpointWriter:
         if storage is not None:
             return storage
         return CheckpointError(
-            f"{directory}: cannot write the sharded checkpoint ({_first_line(cause)}); {stays}"
+            f"{directory}: cannot write the sharded checkpoint ({exception_line(cause)}); {stays}"
         )
 
     # ---------------------------------------------------------------------------------------- publishing
@@ -258,8 +254,3 @@ def stager_reusable() -> bool:
     finally:
         with contextlib.suppress(Exception):
             stager.close()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]

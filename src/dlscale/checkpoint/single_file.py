@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from dlscale.errors import CheckpointError
+from dlscale.errors import CheckpointError, exception_line
 from dlscale.runtime.atomic_files import write_atomically, write_synced
 from dlscale.runtime.storage import as_storage_error
 
@@ -114,7 +114,7 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> dict[st
             archive.infolist()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         raise CheckpointError(
-            f"{path}: is truncated or corrupt (its zip archive is incomplete: {_first_line(exc)})"
+            f"{path}: is truncated or corrupt (its zip archive is incomplete: {exception_line(exc)})"
         ) from exc
     try:
         document = torch.load(path, map_location=map_location, weights_only=True)
@@ -132,7 +132,7 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> dict[st
         ) from exc
     except Exception as exc:
         # E.g. a damaged record inside an intact archive, or a map_location this machine cannot honour.
-        raise CheckpointError(f"{path}: cannot be loaded ({_first_line(exc)})") from exc
+        raise CheckpointError(f"{path}: cannot be loaded ({exception_line(exc)})") from exc
 
     if not isinstance(document, dict):
         raise NotADlscaleCheckpoint(
@@ -268,12 +268,6 @@ def _refused_global(message: str) -> str | None:
     return None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first}"[:300]
-
-
 def _unpickling_reason(exc: BaseException) -> str:
     """What torch's safe unpickler could not read (e.g. "Unsupported operand 105"), without the advice around
     it: its message suggests loading again with weights_only=False, which would run code from the file."""
@@ -283,4 +277,4 @@ def _unpickling_reason(exc: BaseException) -> str:
         reason = next((line.strip() for line in text.split(marker, 1)[1].splitlines() if line.strip()), "")
         if reason:
             return reason[:200]
-    return _first_line(exc) if "weights_only" not in text else type(exc).__name__
+    return exception_line(exc) if "weights_only" not in text else type(exc).__name__

@@ -290,7 +290,7 @@ def sharded_writer(run: BuiltRun) -> ShardedCheckpointWriter | None:
         return None
     setup = run.setup
     return ShardedCheckpointWriter(
-        run.checkpoints, setup.process.is_main, run.config.checkpoint.async_save, pinned=setup.device.is_gpu
+        run.checkpoints, setup.process.is_main, run.config.checkpoint.async_save, setup.device
     )
 
 
