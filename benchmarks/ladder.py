@@ -23,16 +23,20 @@ import re
 import shlex
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from ladder_record import peak_memory_gb
 
 from dlscale import __version__
 from dlscale.config import load_run_config
 from dlscale.data.era5.synth import existing_spec, spec_from_preset, write_synthetic_era5
 from dlscale.perf.bench.plot import plotted_interval, throughput_figure
 from dlscale.perf.bench.report import TEST_NAMES, TrialSeries
+from dlscale.perf.plan.layout_cost import GIB, Layout, TrainingSettings, estimate_memory
+from dlscale.perf.plan.layouts import model_shape_of
 from dlscale.report.figures import save_png
 from dlscale.report.run_dir import setup_logging
 from dlscale.run.bench import bench_one_config
@@ -53,6 +57,7 @@ OFF = {
     "enable_fused": "false",
     "enable_jit": "false",
     "cuda_graphs": "false",
+    "compile_mode": "default",
 }
 
 
@@ -105,6 +110,19 @@ RUNGS = (
         },
     ),
     Rung(
+        "compile_graphs",
+        "+ torch.compile in reduce-overhead mode (compiled kernels replayed as CUDA graphs)",
+        {
+            "num_data_workers": "N",
+            "data_loader_config": "gpu",
+            "amp_mode": "bf16",
+            "enable_fused": "true",
+            "enable_jit": "true",
+            "compile_mode": "reduce-overhead",
+        },
+        needs_gpu=True,
+    ),
+    Rung(
         "cuda_graphs",
         "CUDA graphs instead of compile (optimizer captured)",
         {
@@ -132,7 +150,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--workers", type=int, help="loader workers of the rungs that use them (default 8 / 2)"
     )
-    parser.add_argument("--rungs", help="comma-separated rung names (default: all)")
+    parser.add_argument(
+        "--rungs", help="comma-separated rung names, measured in this order (default: all, in ladder order)"
+    )
+    parser.add_argument(
+        "--tests",
+        default=",".join(TEST_NAMES),
+        help=f"comma-separated tests of every rung (default {','.join(TEST_NAMES)})",
+    )
     parser.add_argument("--nwarmup", type=int, default=1)
     parser.add_argument("--ntrials", type=int, default=2)
     parser.add_argument("--nbatches", type=int, help="batches per trial (default 20 on a GPU, 10 on CPU)")
@@ -141,13 +166,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def ensure_data(path: Path, on_gpu: bool) -> Path:
+def ensure_data(path: Path, on_gpu: bool, given: bool = False) -> Path:
     """A synthetic data set at ``path``: the full 361x720 grid on a GPU, tiny on the CPU.
 
     The short config reads the first 512 training and 128 validation samples, so 520 six-hourly steps per file
     are enough: two files of about 11 GB each (the GPU machines have a 64 GB disk, so a set larger than GPU
     memory does not fit there; the reads come from the page cache either way). Generating it takes minutes.
+    A ``given`` path (``--data``) that holds a synthetic data set is used as it is, whatever its size (e.g. the
+    few hundred steps that benchmarks/gpu_first_light.py writes in seconds).
     """
+    if given and existing_spec(path) is not None:
+        return path
     if on_gpu:
         spec = spec_from_preset("full", train_years=1, valid_years=1, test_years=0, steps_per_year=520)
     else:
@@ -158,29 +187,67 @@ def ensure_data(path: Path, on_gpu: bool) -> Path:
     return path
 
 
-def run_ladder(args: argparse.Namespace) -> dict:
+def chosen_rungs(names: str | None) -> list[Rung]:
+    """The rungs ``--rungs`` names, in its order (all of them in ladder order when None)."""
+    if not names:
+        return list(RUNGS)
+    by_name = {rung.name: rung for rung in RUNGS}
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown rung(s) {unknown}; known: {', '.join(by_name)}")
+    return [by_name[name] for name in dict.fromkeys(wanted)]
+
+
+def chosen_tests(names: str) -> list[str]:
+    """The tests ``--tests`` names (IO, SYNTHETIC, FULL; any case)."""
+    wanted = [name.strip().upper() for name in names.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in TEST_NAMES]
+    if unknown or not wanted:
+        raise SystemExit(f"--tests: expected some of {', '.join(TEST_NAMES)}, got {names!r}")
+    return wanted
+
+
+def run_ladder(args: argparse.Namespace, on_rung: Callable[[dict], None] | None = None) -> dict:
+    """Measure the chosen rungs; ``on_rung(result so far)`` after each, so a run cut off keeps what it measured."""
     device = Device.select()
     on_gpu = device.is_gpu
     config = args.config or ("short" if on_gpu else "tiny")
     workers = args.workers if args.workers is not None else (8 if on_gpu else 2)
     nbatches = args.nbatches or (20 if on_gpu else 10)
     data = Path(args.data or (REPO / "data" / ("era5_ladder" if on_gpu else "era5_ladder_tiny"))).resolve()
-    ensure_data(data, on_gpu)
-    chosen = set(args.rungs.split(",")) if args.rungs else {r.name for r in RUNGS}
-    unknown = chosen - {r.name for r in RUNGS}
-    if unknown:
-        raise SystemExit(f"unknown rung(s) {sorted(unknown)}; known: {', '.join(r.name for r in RUNGS)}")
+    rungs = chosen_rungs(args.rungs)
+    tests = chosen_tests(args.tests)
+    ensure_data(data, on_gpu, given=args.data is not None)
+    test_switches = [f"bench.run_{name.lower()}={str(name in tests).lower()}" for name in TEST_NAMES]
 
-    rows = []
+    rows: list[dict] = []
+    result = {
+        "benchmark": "dlscale optimization ladder",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "command": "PYTHONPATH=src python3 " + shlex.join(["benchmarks/ladder.py", *sys.argv[1:]]),
+        "device": device.name,
+        "versions": {
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "driver": device.driver_version(),
+            "dlscale": __version__,
+        },
+        "config": config,
+        "data": str(data),
+        "workers": workers,
+        "bench": {"nwarmup": args.nwarmup, "ntrials": args.ntrials, "nbatches": nbatches, "tests": tests},
+        "rungs": rows,
+    }
     with tempfile.TemporaryDirectory(prefix="dlscale-ladder-") as scratch:
-        for rung in RUNGS:
-            if rung.name not in chosen:
-                continue
+        for rung in rungs:
             row = {"rung": rung.name, "description": rung.description, "overrides": rung.overrides(workers)}
             if rung.needs_gpu and not on_gpu:
                 row["skipped"] = "needs a CUDA GPU"
                 rows.append(row)
                 log.info("Rung %s skipped: needs a CUDA GPU", rung.name)
+                if on_rung is not None:
+                    on_rung(result)
                 continue
             overrides = [
                 f"data.root={data}",
@@ -191,6 +258,7 @@ def run_ladder(args: argparse.Namespace) -> dict:
                 f"bench.nwarmup={args.nwarmup}",
                 f"bench.ntrials={args.ntrials}",
                 f"bench.nbatches={nbatches}",
+                *test_switches,
                 *row["overrides"],
                 *args.set,
             ]
@@ -210,6 +278,8 @@ def run_ladder(args: argparse.Namespace) -> dict:
                     for name, series in results.tests.items()
                 }
             )
+            row["peak_memory_gb"] = peak_memory_gb(row)
+            row["plan_gb"] = planned_memory_gb(cfg)
             row["utilization"] = results.utilization
             row["verdict"] = results.verdict.to_json()
             row["bench_record"] = record
@@ -217,24 +287,9 @@ def run_ladder(args: argparse.Namespace) -> dict:
             del results
             gc.collect()  # the rung's model, optimizer and loader threads go before the next rung builds its own
             device.release_cached_memory()
-
-    return {
-        "benchmark": "dlscale optimization ladder",
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "command": "PYTHONPATH=src python3 " + shlex.join(["benchmarks/ladder.py", *sys.argv[1:]]),
-        "device": device.name,
-        "versions": {
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "driver": device.driver_version(),
-            "dlscale": __version__,
-        },
-        "config": config,
-        "data": str(data),
-        "workers": workers,
-        "bench": {"nwarmup": args.nwarmup, "ntrials": args.ntrials, "nbatches": nbatches},
-        "rungs": rows,
-    }
+            if on_rung is not None:
+                on_rung(result)
+    return result
 
 
 def _number(value: float | None, digits: int = 1) -> str:
@@ -255,26 +310,33 @@ def markdown(result: dict) -> str:
         f"{result['bench']['nbatches']} batches each; global samples/s (mean)",
         "",
         "| rung | what changed | IO | SYNTHETIC | FULL | FULL/SYN | TFLOP/s (FULL) | MFU (FULL) | peak mem GB "
-        "| samples/J (FULL) | verdict |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| plan GB | samples/J (FULL) | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in result["rungs"]:
         if "skipped" in row:
-            lines.append(f"| {row['rung']} | {row['description']} | skipped: {row['skipped']} ||||||||| |")
+            lines.append(f"| {row['rung']} | {row['description']} | skipped: {row['skipped']} |||||||||| |")
             continue
         io, syn, full = (row.get(name, {}).get("mean") for name in ("IO", "SYNTHETIC", "FULL"))
         ratio = full / syn if full and syn else None
         util = row.get("utilization", {}).get("FULL", {})
         mfu = util.get("mfu")
-        memory = row.get("FULL", {}).get("peak_memory_gb")
+        memory = peak_memory_gb(row)
         energy = row.get("FULL", {}).get("energy") or {}
         lines.append(
             f"| {row['rung']} | {row['description']} | {_number(io)} | {_number(syn)} | {_number(full)} | "
             f"{_number(ratio, 2)} | {_number(util.get('tflops_per_gpu'), 2)} | "
-            f"{'-' if mfu is None else f'{100 * mfu:.1f}%'} | {_number(memory, 2)} | "
+            f"{'-' if mfu is None else f'{100 * mfu:.1f}%'} | {_number(memory, 2)} | {_number(row.get('plan_gb'), 2)} | "
             f"{_number(energy.get('samples_per_joule'), 3)} | {row['verdict']['kind']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def planned_memory_gb(cfg) -> float | None:
+    """``dlscale plan``'s estimate of what one GPU's tensors hold for ``cfg`` (its total less the CUDA context
+    allowance, which torch's allocator does not count), in GB of 2^30 bytes."""
+    memory = estimate_memory(model_shape_of(cfg), TrainingSettings.from_run_config(cfg), Layout(1, 1, 1))
+    return (memory.total - memory.cuda_allowance) / GIB
 
 
 def plot(result: dict, path: Path) -> None:
@@ -322,20 +384,42 @@ def merge_rungs(earlier: dict, latest: dict) -> dict:
     return merged
 
 
+def results_stem(out: Path, result: dict) -> Path:
+    """``<out>/<date>-<device>-ladder``: the .json, .md and .png share it."""
+    device_slug = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
+    return out / f"{result['date'][:10]}-{device_slug}-ladder"
+
+
+def write_results(out: Path, result: dict) -> Path:
+    """The ladder's .json, .md and .png (the plot once a rung was measured); returns their stem."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = results_stem(out, result)
+    write_text_atomically(stem.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
+    write_text_atomically(stem.with_suffix(".md"), markdown(result))
+    if any("skipped" not in row for row in result["rungs"]):
+        plot(result, stem.with_suffix(".png"))
+    return stem
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(None, enabled=True)
-    result = run_ladder(args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    device_slug = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
-    stem = out / f"{result['date'][:10]}-{device_slug}-ladder"
-    if args.rungs and stem.with_suffix(".json").is_file():
-        result = merge_rungs(json.loads(stem.with_suffix(".json").read_text()), result)
-    write_text_atomically(stem.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
-    write_text_atomically(stem.with_suffix(".md"), markdown(result))
-    plot(result, stem.with_suffix(".png"))
-    print(markdown(result))
+    earlier = None
+    if args.rungs:  # a part of the ladder: merged into the day's earlier ladder on this device, if any
+        today = results_stem(out, {"date": datetime.date.today().isoformat(), "device": Device.select().name})
+        if today.with_suffix(".json").is_file():
+            earlier = json.loads(today.with_suffix(".json").read_text())
+    written: list[Path] = []
+
+    def save(result: dict) -> None:
+        # After every rung, so a run cut off (a time limit, a crash) keeps the rungs it measured.
+        merged = merge_rungs(earlier, result) if earlier is not None else result
+        written[:] = [write_results(out, merged)]
+
+    run_ladder(args, on_rung=save)
+    stem = written[0]
+    print(stem.with_suffix(".md").read_text())
     print(f"Results: {stem}.json, .md, .png")
     return 0
 

@@ -225,7 +225,10 @@ def measure_rank(rank: int, case: Case) -> dict[str, Any]:
 def estimate(case: Case) -> dict[str, Any]:
     """What dlscale plan estimates for the busiest rank of ``case`` (the CUDA allowance left out)."""
     shape = ModelShape.from_config(case.vit_config(), case.img_size, IN_CHANNELS, OUT_CHANNELS)
-    settings = TrainingSettings(global_batch_size=case.local_batch * case.dp, amp_mode=case.amp)
+    # The CPU step measured here has no loader copying batches ahead to a device.
+    settings = TrainingSettings(
+        global_batch_size=case.local_batch * case.dp, amp_mode=case.amp, device_batches_ahead=0
+    )
     layout = Layout(case.dp, case.tp, case.cp)
     memory = dataclasses.replace(estimate_memory(shape, settings, layout), cuda_allowance=0)
     return {

@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     era5.add_argument("--seed", type=int, help="seed of the synthetic atmosphere")
     era5.add_argument("--noise", type=float, help="i.i.d. noise as a fraction of each channel's spread")
     era5.add_argument(
+        "--workers",
+        type=int,
+        help="threads computing the fields (default: cores, at most 8); the files do not depend on it",
+    )
+    era5.add_argument(
         "--if-missing", action="store_true", help="do nothing if OUT already holds this data set"
     )
 

@@ -53,6 +53,7 @@ def test_plan_of_mp_on_four_40_gb_gpus(capsys, tmp_path):
             parts["total"]
             == parts["model_states"]
             + parts["activations"]
+            + parts["batch"]
             + parts["autocast_weight_copies"]
             + parts["cuda_allowance"]
         )

@@ -361,6 +361,34 @@ def test_the_estimate_stays_below_what_the_tutorial_measured_on_the_gpu():
         assert 0 < comparison.estimated_gb < comparison.measured_gb
 
 
+@pytest.mark.parametrize(
+    ("overrides", "ahead"),
+    [
+        ([], 1),  # the pytorch loader copies the next batch ahead (loader.device_prefetch, on by default)
+        (["loader.device_prefetch=false"], 0),
+        (["data_loader_config=gpu"], 2),  # the gpu pipeline's ring: loader.prefetch_depth batches
+        (["data_loader_config=gpu", "loader.prefetch_depth=3"], 3),
+    ],
+)
+@pytest.mark.parametrize("amp_mode", ["none", "bf16"])
+def test_the_batch_counts_targets_the_uncast_inputs_and_the_batches_loaded_ahead(overrides, ahead, amp_mode):
+    cfg = load_run_config(CONFIG_FILE, "short", [*overrides, f"amp_mode={amp_mode}"], {})
+    settings = TrainingSettings.from_run_config(cfg)
+    assert settings.device_batches_ahead == ahead
+    shape = model_shape_of(cfg)
+    sample = 20 * 360 * 720 * 4  # one fp32 field of 20 channels
+    # autograd saves the inputs themselves in fp32 (counted with the activations), their bf16 cast under autocast
+    held = 16 * sample * (1 if amp_mode == "none" else 2)
+    for layout in (Layout(1, 1, 1), Layout(1, 2, 2)):  # tp and cp ranks hold the whole local batch
+        memory = estimate_memory(shape, settings, layout)
+        assert memory.batch == held + ahead * 16 * 2 * sample
+        assert memory.total == (
+            memory.model_states + memory.activations + memory.batch + memory.autocast_weight_copies
+            + memory.cuda_allowance
+        )  # fmt: skip
+    assert estimate_memory(shape, settings, Layout(2, 1, 1)).batch == (held + ahead * 16 * 2 * sample) // 2
+
+
 # ---- the mp config -----------------------------------------------------------------------------------------
 
 

@@ -214,11 +214,61 @@ def fake_trainer(run_dir: Path, gpu: bool):
         run_dir=run_dir,
         process=SimpleNamespace(rank=0, world_size=1, local_rank=0),
         device=SimpleNamespace(is_gpu=gpu, torch=SimpleNamespace(index=0) if gpu else "cpu"),
-        plan=SimpleNamespace(steps_per_epoch=25),
+        plan=SimpleNamespace(steps_per_epoch=25, steps_in_epoch=lambda epoch: 25),
         global_batch_size=4,
     )
-    progress = SimpleNamespace(samples_seen=0, global_step=0)
+    progress = SimpleNamespace(samples_seen=0, global_step=0, epoch=0, step_in_epoch=0)
     return SimpleNamespace(setup=setup, progress=progress, last_fetch_seconds=0.002)
+
+
+class PhasedBackend(FakeGpuBackend):
+    """Reads whatever the test says the GPU is doing now."""
+
+    def __init__(self):
+        super().__init__([])
+        self.now = reading(80.0, utilization=5.0)
+
+    def read(self) -> list[GpuReading]:
+        return [self.now]
+
+
+@pytest.mark.parametrize("steady_steps", [4, 2])
+def test_the_verdict_judges_the_steady_steps_not_start_up_and_validation(tmp_path, steady_steps):
+    # A short compiled run: the first step compiles, validation and the checkpoint follow the epoch's last
+    # step, and in both the GPU idles. Averaged over the whole run it looks starved; its steps were not.
+    backend = PhasedBackend()
+    observer = MonitorObserver(
+        MonitorConfig(monitor_interval_s=3600.0), backend_opener=lambda indices: backend
+    )
+    trainer = fake_trainer(tmp_path, gpu=True)
+    steps = 1 + steady_steps
+    trainer.setup.plan.steps_in_epoch = lambda epoch: steps
+    idle, busy = reading(80.0, utilization=5.0), reading(650.0, utilization=97.0)
+    observer.on_train_start(trainer)  # the sampler's thread takes its first sample, then waits an hour
+    for step in range(1, steps + 1):
+        observer.on_step_start(trainer)
+        backend.now = idle if step == 1 else busy  # the first step compiles
+        observer.sampler.sample_once()
+        trainer.progress.global_step = trainer.progress.step_in_epoch = step
+        observer.on_step_end(trainer, None)
+    backend.now = idle  # validation and the checkpoint
+    for _ in range(4):
+        observer.sampler.sample_once()
+    trainer.progress.samples_seen = 4 * steps
+    observer.on_epoch_end(trainer, SimpleNamespace(epoch=1))
+    observer.on_train_end(trainer, "finished")
+    report = observer.report
+    assert report.summary.gpus[0].mean_utilization_pct < 50  # the whole run
+    assert report.steady.sample_count == steady_steps
+    assert report.steady.gpus[0].mean_utilization_pct == pytest.approx(97.0)
+    if steady_steps >= 3:
+        assert report.verdicts == ["GPU 0 averaged 650 W of 700 W (93%) at 97% utilization: GPU busy"]
+        assert any(line.startswith("While training steps ran (") for line in report.lines())
+    else:  # too few samples to judge the steps by: the whole run is judged
+        assert "idle much of the time" in report.verdicts[0]
+        assert not any(line.startswith("While training steps ran") for line in report.lines())
+    document = json.loads((tmp_path / "monitor" / "efficiency.json").read_text())
+    assert document["steady"]["sample_count"] == steady_steps
 
 
 @pytest.mark.parametrize("gpu", [True, False])

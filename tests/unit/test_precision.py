@@ -172,9 +172,10 @@ def test_graphed_step_matches_eager_losses_and_weights(amp_mode):
         capturable=capturable,
     )
     assert graphed.capture_optimizer == capturable
-    batches = [batch(seed=s, size=4, device="cuda") for s in range(5)] + [
-        batch(seed=9, size=3, device="cuda")
-    ]
+    # A short batch first (a run resumed at an epoch's short last batch: capture waits for a full one), five
+    # full ones, and a short one after the capture.
+    short = [batch(seed=s, size=3, device="cuda") for s in (8, 9)]
+    batches = [short[0], *(batch(seed=s, size=4, device="cuda") for s in range(5)), short[1]]
     for global_step, (inputs, targets) in enumerate(batches):
         expected = eager(inputs, targets, global_step)
         actual = graphed(inputs, targets, global_step)

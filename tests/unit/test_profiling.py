@@ -43,6 +43,7 @@ class RecordingStep:
         self.events = events
         self.progress = progress
         self.device = CPU
+        self.read_loss_at: set[int] = set()  # global steps that read their loss on the host (a sync on a GPU)
 
     def __call__(self, size: int) -> torch.Tensor:
         self.events.append(f"step {self.progress.epoch}.{self.progress.step_in_epoch}")
@@ -50,6 +51,8 @@ class RecordingStep:
         total = torch.zeros((), device=self.device.torch)
         for _ in range(3):
             total = total + (weights @ weights).sum()
+        if self.progress.global_step in self.read_loss_at:
+            total.item()
         return total
 
 
@@ -484,3 +487,19 @@ def test_torch_profiler_records_gpu_kernels(tmp_path):
         trace = json.load(file)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     assert any(event.get("cat") == "kernel" for event in events)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_trace_summary_counts_a_real_host_sync_and_the_matmul_kernels(tmp_path):
+    trainer = FakeTrainer(tmp_path, steps_per_epoch=5, num_epochs=1)
+    trainer.setup.device = trainer.setup.step.device = Device("cuda:0")
+    trainer.setup.step.read_loss_at = {3}  # `.item()` in the second recorded step only
+    observer = TorchProfilerObserver(wait=1, warmup=1, active=3)
+    trainer.fit([observer])
+    summary = observer.summary
+    assert summary is not None and summary.on_gpu
+    assert [(s.step, s.host_syncs) for s in summary.step_syncs] == [(2, 0), (3, 1), (4, 0)]
+    assert set(summary.step_syncs[1].calls) == {"cudaStreamSynchronize"}
+    assert summary.category_ms["matmul"] > 0 and 0 <= summary.idle_share < 1
+    assert json.loads(observer.summary_path.read_text())["host_syncs_per_step"] == [0, 1, 0]

@@ -142,6 +142,22 @@ def test_same_seed_gives_identical_files_and_another_seed_different_ones(
         np.testing.assert_array_equal(np.load(again / "stats" / stat), np.load(small_set / "stats" / stat))
 
 
+@pytest.mark.parametrize("noise", [0.0, 0.1])
+def test_worker_threads_write_the_same_bytes(tmp_path: Path, noise: float) -> None:
+    # Blocks computed by several threads arrive out of order; the noise and the statistics must still be the
+    # serial ones (SMALL has two blocks per file, so the threads really do overlap).
+    spec = replace(SMALL, noise=noise)
+    serial = write_synthetic_era5(tmp_path / "serial", spec, progress=quiet, workers=1)
+    threaded = write_synthetic_era5(tmp_path / "threaded", spec, progress=quiet, workers=3)
+    assert snapshot(threaded) == snapshot(serial)
+
+
+def test_workers_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="workers must be at least 1, got 0"):
+        write_synthetic_era5(tmp_path / "era5", SMALL, progress=quiet, workers=0)
+    assert not (tmp_path / "era5").exists()
+
+
 def test_noise_changes_the_data(small_set: Path, tmp_path: Path) -> None:
     noisy = write(tmp_path / "noisy", replace(SMALL, noise=0.1))
     clean, with_noise = read_fields(small_set / "train" / "1979.h5"), read_fields(noisy / "train" / "1979.h5")
@@ -273,15 +289,15 @@ def test_refuses_to_replace_something_else(tmp_path: Path, as_file: bool) -> Non
 
 
 class FailingAtmosphere(SyntheticAtmosphere):
-    """Raises on the n-th call of ``channels``, as if the run were killed midway."""
+    """Raises on the n-th block of fields, as if the run were killed midway."""
 
     calls_before_failure = 3
 
-    def channels(self, steps: np.ndarray) -> np.ndarray:
+    def noiseless_channels(self, steps: np.ndarray) -> np.ndarray:
         type(self).calls_before_failure -= 1
         if type(self).calls_before_failure < 0:
             raise KeyboardInterrupt("interrupted")
-        return super().channels(steps)
+        return super().noiseless_channels(steps)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import shlex
 import time
 from pathlib import Path
@@ -61,7 +62,8 @@ def run_data(args: argparse.Namespace) -> int:
         spec.size_bytes() / 1e9,
     )
     started = time.perf_counter()
-    write_synthetic_era5(out, spec, progress=log.info)
+    workers = args.workers if args.workers is not None else min(8, os.cpu_count() or 1)
+    write_synthetic_era5(out, spec, progress=log.info, workers=workers)
     log.info("synth-era5: done in %.1f s", time.perf_counter() - started)
     return 0
 

@@ -38,12 +38,13 @@ from dlscale.workloads.protocol import Workload
 
 COLUMNS = (
     f"  {'rank':>4}  {'dp':>2} {'tp':>2} {'cp':>2}  {'batch':>5}  {'params/GPU':>11}  {'states':>6}  "
-    f"{'activ.':>6}  {'copies':>6}  {'CUDA':>4}  {'total':>6}  {'use':>4}  | {'tp comm':>7}  {'cp comm':>7}  "
+    f"{'activ.':>6}  {'data':>5}  {'copies':>6}  {'CUDA':>4}  {'total':>6}  {'use':>4}  | {'tp comm':>7}  {'cp comm':>7}  "
     f"{'dp comm':>7}  {'comm':>6}"
 )
 LEGEND = (
     "GB per GPU (GB = 2^30 bytes): states = parameters + gradients + optimizer state (+ FSDP's unsharded "
-    "working set or DDP's separate buckets); activ. = tensors saved for backward; copies = autocast's "
+    "working set or DDP's separate buckets); activ. = tensors saved for backward; data = the input and target "
+    "batches autograd does not hold, with those the loader copied ahead; copies = autocast's "
     "half-precision weights; CUDA = allowance for the CUDA context and libraries; use = total / GPU memory. "
     "comm = GB each GPU sends per training step."
 )
@@ -155,7 +156,7 @@ def table_row(position: int, row: LayoutEstimate) -> str:
     memory, comm = row.memory, row.comm
     return (
         f"{start}  {row.local_batch:>5}  {row.parameters.local:>11,}  {_gb(memory.model_states):>6}  "
-        f"{_gb(memory.activations):>6}  {_gb(memory.autocast_weight_copies):>6}  "
+        f"{_gb(memory.activations):>6}  {_gb(memory.batch):>5}  {_gb(memory.autocast_weight_copies):>6}  "
         f"{_gb(memory.cuda_allowance):>4}  {_gb(memory.total):>6}  "
         f"{memory.total / row.gpu_memory_bytes:>4.0%}  "
         f"| {_gb(comm.tensor_parallel):>7}  "

@@ -122,6 +122,11 @@ class SyntheticAtmosphere:
 
     def channels(self, steps: np.ndarray) -> np.ndarray:
         """The (T, 20, H, W) float32 fields at the given time steps, in ERA5_CHANNELS order."""
+        return self.add_noise(self.noiseless_channels(steps))
+
+    def noiseless_channels(self, steps: np.ndarray) -> np.ndarray:
+        """:meth:`channels` without the noise: a pure function of ``steps``, so several threads can compute
+        blocks of steps at once (numpy releases the GIL in its array loops); the noise then goes on in order."""
         latent = self._latent(np.asarray(steps))
         psi, temp, moist = (latent["value"][:, i] for i in range(3))
         # Winds: u from the meridional, v from the zonal derivative of the streamfunction (unit-scaled by the
@@ -159,7 +164,11 @@ class SyntheticAtmosphere:
             "r850": 100.0 * sigmoid(1.4 * moist - 0.5 * temp + 0.6),
             "tcwv": (8.0 + 30.0 * cos2) * np.exp(0.35 * moist + 0.25 * temp),
         }
-        stacked = np.stack([np.broadcast_to(fields[name], psi.shape) for name in ERA5_CHANNELS], axis=1)
+        return np.stack([np.broadcast_to(fields[name], psi.shape) for name in ERA5_CHANNELS], axis=1)
+
+    def add_noise(self, stacked: np.ndarray) -> np.ndarray:
+        """``stacked`` (from :meth:`noiseless_channels`) with this atmosphere's i.i.d. noise, as float32. The
+        noise comes from one generator in call order: blocks must arrive in time order for the same data."""
         if self.noise > 0:
             spread = stacked.std(axis=(0, 2, 3), keepdims=True)
             stacked = stacked + self.noise * spread * self._noise_rng.standard_normal(stacked.shape)

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -28,7 +31,9 @@ from dlscale.errors import DataError
 
 log = logging.getLogger(__name__)
 
-CHUNK_STEPS = 32  # time steps computed and written at once (bounds memory at any grid size)
+# Time steps computed and written at once: bounds memory at any grid size, and gives each worker thread a block
+# of its own. The same with any number of workers, so the statistics sum in the same order.
+CHUNK_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -89,63 +94,134 @@ def existing_spec(out: Path) -> SynthERA5Spec | None:
 
 
 def write_synthetic_era5(
-    out: str | Path, spec: SynthERA5Spec, progress: Callable[[str], None] | None = None
+    out: str | Path,
+    spec: SynthERA5Spec,
+    progress: Callable[[str], None] | None = None,
+    workers: int = 1,
 ) -> Path:
     """Generate the data set into ``out`` (replacing a previous one) and return ``out``.
 
     Everything is written into ``<out>.partial`` first and moved into place at the end, so an interrupted run
-    never leaves something that looks like a complete data set.
+    never leaves something that looks like a complete data set. ``workers`` threads compute the fields (the
+    files are the same, bit for bit, whatever their number: only the writing order matters, and it is kept).
     """
+    if workers < 1:
+        raise DataError(f"synth-era5: workers must be at least 1, got {workers}")
     report = progress or (lambda message: log.info(message))
     return write_data_set(
         Path(out),
         "synth-era5",
         recognized=lambda path: existing_spec(path) is not None,
-        fill=lambda partial: _write_files(partial, spec, report),
+        fill=lambda partial: _write_files(partial, spec, report, workers),
     )
 
 
-def _write_files(partial: Path, spec: SynthERA5Spec, report: Callable[[str], None]) -> dict:
-    """The yearly HDF5 files and the statistics of the training years; returns the manifest."""
+def _in_order(
+    pool: ThreadPoolExecutor, function: Callable[[Any], Any], arguments: Iterable[Any], ahead: int
+) -> Iterator[Any]:
+    """``function(argument)`` for each argument, computed by the pool at most ``ahead`` pieces in advance (so
+    memory stays a few blocks) and yielded in the arguments' order."""
+    pending: deque[Future] = deque()
+    for argument in arguments:
+        pending.append(pool.submit(function, argument))
+        if len(pending) > ahead:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+class _TrainingSums:
+    """Per-channel sum and sum of squares, and the sum over time per grid point, of the training blocks, in
+    float64. The pool sums each block; the sums are added here in the blocks' order, so the statistics do not
+    depend on the number of threads. At most ``ahead`` blocks wait to be summed."""
+
+    def __init__(self, pool: ThreadPoolExecutor, ahead: int, channels: int, height: int, width: int):
+        self.pool = pool
+        self.ahead = ahead
+        self.pending: deque[Future] = deque()
+        self.channel_sum = np.zeros(channels)
+        self.channel_sumsq = np.zeros(channels)
+        self.time_sum = np.zeros((channels, height, width))
+        self.steps = 0
+
+    def add(self, block: np.ndarray) -> None:
+        self.pending.append(self.pool.submit(_block_sums, block))
+        self.steps += len(block)
+        while len(self.pending) > self.ahead:
+            self._fold(self.pending.popleft())
+
+    def finish(self) -> _TrainingSums:
+        while self.pending:
+            self._fold(self.pending.popleft())
+        return self
+
+    def _fold(self, future: Future) -> None:
+        channel_sum, channel_sumsq, time_sum = future.result()
+        self.channel_sum += channel_sum
+        self.channel_sumsq += channel_sumsq
+        self.time_sum += time_sum
+
+
+def _block_sums(block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (
+        block.sum(axis=(0, 2, 3), dtype=np.float64),
+        np.einsum("tchw,tchw->c", block, block, dtype=np.float64),
+        block.sum(axis=0, dtype=np.float64),
+    )
+
+
+def _write_files(partial: Path, spec: SynthERA5Spec, report: Callable[[str], None], workers: int) -> dict:
+    """The yearly HDF5 files and the statistics of the training years; returns the manifest.
+
+    Threads compute the noiseless fields of the next blocks and the sums of the blocks written; the noise is
+    added here, block after block in time order, so the files and the statistics are the same bit for bit with
+    any number of ``workers``.
+    """
     atmosphere = SyntheticAtmosphere(Grid(spec.height, spec.width), seed=spec.seed, noise=spec.noise)
     started = time.perf_counter()
-    channel_sum = np.zeros(len(ERA5_CHANNELS))
-    channel_sumsq = np.zeros(len(ERA5_CHANNELS))
-    time_sum = np.zeros((len(ERA5_CHANNELS), spec.height, spec.width))
     step_offset = 0
-    for split, years in spec.years().items():
-        (partial / split).mkdir()
-        for year in years:
-            path = partial / split / f"{year}.h5"
-            with h5py.File(path, "w") as handle:
-                fields = handle.create_dataset(
-                    "fields",
-                    shape=(spec.steps_per_year, len(ERA5_CHANNELS), spec.height, spec.width),
-                    dtype="f4",
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="synth-era5")
+    try:
+        sums = _TrainingSums(pool, workers, len(ERA5_CHANNELS), spec.height, spec.width)
+        for split, years in spec.years().items():
+            (partial / split).mkdir()
+            for year in years:
+                starts = range(0, spec.steps_per_year, CHUNK_STEPS)
+                steps = [
+                    np.arange(
+                        step_offset + start, step_offset + min(start + CHUNK_STEPS, spec.steps_per_year)
+                    )
+                    for start in starts
+                ]
+                with h5py.File(partial / split / f"{year}.h5", "w") as handle:
+                    fields = handle.create_dataset(
+                        "fields",
+                        shape=(spec.steps_per_year, len(ERA5_CHANNELS), spec.height, spec.width),
+                        dtype="f4",
+                    )
+                    fields.attrs["channels"] = list(ERA5_CHANNELS)
+                    fields.attrs["hours_per_step"] = 6
+                    noiseless = _in_order(pool, atmosphere.noiseless_channels, steps, ahead=workers)
+                    for start, values in zip(starts, noiseless, strict=True):
+                        block = atmosphere.add_noise(values)
+                        fields[start : start + len(block)] = block
+                        if split == "train":
+                            sums.add(block)
+                step_offset += spec.steps_per_year
+                report(
+                    f"synth-era5: wrote {split}/{year}.h5 ({spec.steps_per_year} steps, "
+                    f"{time.perf_counter() - started:.1f} s)"
                 )
-                fields.attrs["channels"] = list(ERA5_CHANNELS)
-                fields.attrs["hours_per_step"] = 6
-                for start in range(0, spec.steps_per_year, CHUNK_STEPS):
-                    stop = min(start + CHUNK_STEPS, spec.steps_per_year)
-                    block = atmosphere.channels(np.arange(step_offset + start, step_offset + stop))
-                    fields[start:stop] = block
-                    if split == "train":
-                        as64 = block.astype(np.float64)
-                        channel_sum += as64.sum(axis=(0, 2, 3))
-                        channel_sumsq += (as64**2).sum(axis=(0, 2, 3))
-                        time_sum += as64.sum(axis=0)
-            step_offset += spec.steps_per_year
-            report(
-                f"synth-era5: wrote {split}/{year}.h5 ({spec.steps_per_year} steps, {time.perf_counter() - started:.1f} s)"
-            )
+        sums.finish()
+    finally:  # an interrupted write (an error, Ctrl-C) computes no further blocks
+        pool.shutdown(wait=True, cancel_futures=True)
 
-    train_steps = spec.train_years * spec.steps_per_year
-    count = train_steps * spec.height * spec.width
-    means = channel_sum / count
-    stds = np.sqrt(np.maximum(channel_sumsq / count - means**2, 0.0))
+    count = sums.steps * spec.height * spec.width
+    means = sums.channel_sum / count
+    stds = np.sqrt(np.maximum(sums.channel_sumsq / count - means**2, 0.0))
     stats = partial / "stats"
     stats.mkdir()
     np.save(stats / "global_means.npy", means.reshape(1, -1, 1, 1).astype(np.float32))
     np.save(stats / "global_stds.npy", stds.reshape(1, -1, 1, 1).astype(np.float32))
-    np.save(stats / "time_means.npy", (time_sum / train_steps)[None].astype(np.float32))
+    np.save(stats / "time_means.npy", (sums.time_sum / sums.steps)[None].astype(np.float32))
     return {"generator": "dlscale synth-era5", "channels": list(ERA5_CHANNELS), "spec": asdict(spec)}

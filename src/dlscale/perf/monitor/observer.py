@@ -204,6 +204,10 @@ class MonitorObserver(Observer):
         self.step = 0  # the training step reached so far: the label of the samples taken now
         self.report = None
         self.closed = False  # sampler stopped and GPU library released
+        # Sampler-clock intervals in which training steps ran, after this start's first step and up to the end
+        # of each epoch's last step (validation and the checkpoint follow it): the run's steady state.
+        self.steady_intervals: list[tuple[float, float]] = []
+        self._steady_since: float | None = None
 
     def on_train_start(self, trainer) -> None:
         setup = trainer.setup
@@ -244,9 +248,27 @@ class MonitorObserver(Observer):
         # rank and would make the fastest readers look slow).
         self.input_wait_s += trainer.last_fetch_seconds
         self.steps += 1
+        if self.steps > 1 and self._steady_since is None and self.sampler is not None:
+            self._steady_since = self.sampler.clock()
 
     def on_step_end(self, trainer, loss) -> None:
         self.step = trainer.progress.global_step
+        progress, plan = trainer.progress, trainer.setup.plan
+        if progress.step_in_epoch >= plan.steps_in_epoch(progress.epoch):
+            self._end_steady()
+
+    def _end_steady(self) -> None:
+        if self._steady_since is not None and self.sampler is not None:
+            self.steady_intervals.append((self._steady_since, self.sampler.clock()))
+        self._steady_since = None
+
+    def steady_samples(self) -> list:
+        """The samples taken inside :attr:`steady_intervals`."""
+        return [
+            sample
+            for sample in self.sampler.samples
+            if any(start <= sample.time_s <= end for start, end in self.steady_intervals)
+        ]
 
     def on_epoch_end(self, trainer, report: EpochReport) -> None:
         self.step = trainer.progress.global_step
@@ -255,6 +277,7 @@ class MonitorObserver(Observer):
     def on_rollback(self, trainer, divergence) -> None:
         # Training goes back to the checkpoint's step: the samples so far keep the steps they were taken at,
         # and a fresh writer hides those past it in TensorBoard (the steps are trained again).
+        self._end_steady()
         self.step = trainer.progress.global_step
         self.flush()
         if self.writer is not None:
@@ -273,10 +296,12 @@ class MonitorObserver(Observer):
     def on_train_end(self, trainer, outcome: str) -> None:
         if self.sampler is None:
             return
+        self._end_steady()
         self.sampler.stop()
         self.flush()
         setup = trainer.setup
         summary = summarize(self.sampler.samples)
+        steady = summarize(self.steady_samples())
         gpu = summary.gpus[0] if summary.gpus else None  # this rank's own GPU
         numbers = {
             "energy_j": summary.energy_j if gpu else None,  # no GPU: energy not measured, not zero
@@ -293,7 +318,7 @@ class MonitorObserver(Observer):
             energy = sum(value for value in ranks.spreads["energy_j"].per_rank if not math.isnan(value))
             samples = trainer.progress.samples_seen - self.start_samples_seen
             samples_per_epoch = setup.plan.steps_per_epoch * setup.global_batch_size
-            self.report = build_report(summary, samples, samples_per_epoch, energy_j=energy)
+            self.report = build_report(summary, samples, samples_per_epoch, energy_j=energy, steady=steady)
             lines = self.report.lines()
             if setup.process.world_size > 1:
                 lines.extend(ranks.spread_lines())

@@ -261,6 +261,9 @@ class EfficiencyReport:
     samples_trained: int
     samples_per_epoch: int | None  # a full epoch's global samples (partial epochs would skew J per epoch)
     verdicts: list[str] = field(default_factory=list)
+    # The samples taken while training steps ran, after each start's first step (compilation, CUDA graph
+    # capture) and without validation and checkpoints: what the verdicts judge when there are enough of them.
+    steady: MonitorSummary | None = None
 
     @property
     def joules_per_sample(self) -> float | None:
@@ -287,6 +290,13 @@ class EfficiencyReport:
             f"Energy {self.energy_j:.0f} J: {_fmt(self.joules_per_sample, 2)} J per training sample, "
             f"{_fmt(self.joules_per_epoch)} J per epoch"
         )
+        if judges_steady_state(self.steady):
+            lines += [
+                f"While training steps ran ({self.steady.duration_s:.1f} s of {self.summary.duration_s:.1f} s: without"
+                f" the first step, validation and checkpoints): GPU {g.index} power mean {_fmt(g.mean_power_w)} W,"
+                f" utilization {_fmt(g.mean_utilization_pct)}%"
+                for g in self.steady.gpus
+            ]
         return [*lines, self._host_line(), *self.verdicts]
 
     def _host_line(self) -> str:
@@ -308,13 +318,28 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+# Samples (one a second by default) the steady part of a run needs before its verdict replaces the whole run's.
+STEADY_SAMPLES_FOR_VERDICT = 3
+
+
+def judges_steady_state(steady: MonitorSummary | None) -> bool:
+    """Whether the steady part of a run has enough GPU samples to judge it by."""
+    return steady is not None and bool(steady.gpus) and steady.sample_count >= STEADY_SAMPLES_FOR_VERDICT
+
+
 def build_report(
     summary: MonitorSummary,
     samples_trained: int,
     samples_per_epoch: int | None,
     energy_j: float | None = None,
+    steady: MonitorSummary | None = None,
 ) -> EfficiencyReport:
-    """The efficiency report of ``summary``; ``energy_j`` replaces its own energy (e.g. summed over ranks)."""
+    """The efficiency report of ``summary``; ``energy_j`` replaces its own energy (e.g. summed over ranks).
+
+    The verdicts judge ``steady`` (the samples taken while training steps ran) when it has enough samples: a
+    short run is mostly start-up (compilation, CUDA graph capture), validation and checkpoints, in which the GPU
+    waits, and the whole run's means would blame the input pipeline for it."""
     energy = summary.energy_j if energy_j is None else energy_j
-    verdicts = [verdict(gpu) for gpu in summary.gpus]
-    return EfficiencyReport(summary, energy, samples_trained, samples_per_epoch, verdicts)
+    judged = steady if judges_steady_state(steady) else summary
+    verdicts = [verdict(gpu) for gpu in judged.gpus]
+    return EfficiencyReport(summary, energy, samples_trained, samples_per_epoch, verdicts, steady)

@@ -47,8 +47,12 @@ math fallback (odd head sizes) would save the (B, heads, n, N) attention matrix 
 
 FSDP keeps, beyond its shards, the unsharded parameters of the unit being computed and of the prefetched one
 and the unsharded gradients of one unit (each block, and the rest of the model, are assumed to be one unit).
-DDP with ``gradient_as_bucket_view: false`` keeps its buckets beside the gradients. Finally, each GPU gets a
-fixed :data:`CUDA_ALLOWANCE_BYTES` for the CUDA context and library workspaces.
+DDP with ``gradient_as_bucket_view: false`` keeps its buckets beside the gradients. The batch itself (fp32)
+counts where autograd does not hold it: the targets, the inputs under autocast, and the batches the loader has
+copied ahead for the next steps (``loader.prefetch_depth`` with the gpu pipeline, one with the pytorch loader's
+``device_prefetch``); without them the estimate was 17 % below the peak an H100 measured for `short` in bf16
+(benchmarks/results/2026-11-26-h100-first-light.md). Finally, each GPU gets a fixed
+:data:`CUDA_ALLOWANCE_BYTES` for the CUDA context and library workspaces.
 
 Communication per GPU and step (bytes sent, ring algorithms)
 ------------------------------------------------------------
@@ -153,6 +157,9 @@ class TrainingSettings:
     data_parallel: str = "ddp"  # ddp | fsdp | dataparallel
     gradient_as_bucket_view: bool = True  # DDP: gradients are views into the all-reduce buckets
     noddp: bool = False  # no gradient synchronization at all
+    # Batches the loader has on the GPU ahead of the one computing: the gpu pipeline's prefetch_depth, the
+    # pytorch loader's one with device_prefetch (loader section), none without.
+    device_batches_ahead: int = 1
 
     def __post_init__(self) -> None:
         if self.global_batch_size < 1:
@@ -181,6 +188,9 @@ class TrainingSettings:
             data_parallel=cfg.parallel.data_parallel,
             gradient_as_bucket_view=cfg.parallel.gradient_as_bucket_view,
             noddp=cfg.parallel.noddp,
+            device_batches_ahead=cfg.loader.prefetch_depth
+            if cfg.loader.pipeline == "gpu"
+            else int(bool(cfg.loader.device_prefetch)),
         )
 
     @property
@@ -365,6 +375,17 @@ def estimate_activation_bytes(
     )
 
 
+def estimate_batch_bytes(shape: ModelShape, settings: TrainingSettings, local_batch: int) -> int:
+    """The fp32 batches on one GPU that the activations do not count: the targets, the inputs under autocast
+    (autograd saves their half-precision cast; in fp32 it saves the inputs themselves, counted there), and
+    ``device_batches_ahead`` whole batches the loader has already copied for the next steps. Every tp and cp rank
+    holds the whole local batch (cp splits the tokens after the patch embedding)."""
+    inputs = local_batch * shape.in_channels * shape.pixels * FP32_BYTES
+    targets = local_batch * shape.out_channels * shape.pixels * FP32_BYTES
+    held = targets + (inputs if settings.amp_mode != "none" else 0)
+    return held + settings.device_batches_ahead * (inputs + targets)
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes on one GPU at the peak of a training step (the parts that are modelled)."""
@@ -376,6 +397,7 @@ class MemoryEstimate:
     activations: int
     autocast_weight_copies: int
     cuda_allowance: int = CUDA_ALLOWANCE_BYTES
+    batch: int = 0  # the input and target batches where autograd does not hold them, and those loaded ahead
 
     @property
     def model_states(self) -> int:
@@ -384,7 +406,13 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return self.model_states + self.activations + self.autocast_weight_copies + self.cuda_allowance
+        return (
+            self.model_states
+            + self.activations
+            + self.batch
+            + self.autocast_weight_copies
+            + self.cuda_allowance
+        )
 
     def json_fields(self) -> dict[str, dict[str, Any]]:
         """``memory_bytes`` (every part, the model states and the total) and the same in ``memory_gb`` (2 decimals),
@@ -411,6 +439,7 @@ def estimate_memory(shape: ModelShape, settings: TrainingSettings, layout: Layou
     )
     copies = counts.matmul_weights * HALF_BYTES if settings.amp_mode != "none" else 0
     return MemoryEstimate(
+        batch=estimate_batch_bytes(shape, settings, local_batch_size(settings, layout)),
         parameters=counts.stored * FP32_BYTES,
         gradients=counts.stored * FP32_BYTES,
         optimizer_state=counts.stored * FP32_BYTES * settings.optimizer_states,

@@ -8,10 +8,16 @@ Checked against the NERSC tutorial (A100 80 GB, config ``mp``, local batch 16, f
 ------------------------------------------------------------------------------------------------
 The tutorial reads about 45 GB with pynvml after the forward pass at tp=1, and about 33 GB at tp=4
 (:func:`tutorial_comparisons` recomputes this). The estimate (GB = 2^30 bytes throughout, the GiB that
-nvidia-smi and the tutorials call GB) is 34.17 GB at tp=1 (2.35 GB of parameters, gradients and Adam state,
-30.53 GB of saved activations, 0.29 GB of fp16 weight copies, the 1 GB allowance) and 18.91 GB at tp=4 (0.66,
-17.17, 0.08 and 1 GB): 24 % and 43 % below the measurements, 10.8 GB and 14.1 GB in absolute terms. The
-formula was not tuned to them. On the CPU it matched, byte for byte, what the busiest rank of dlscale's
+nvidia-smi and the tutorials call GB) is 35.41 GB at tp=1 (2.35 GB of parameters, gradients and Adam state,
+30.53 GB of saved activations, 1.24 GB of fp32 batches, 0.29 GB of fp16 weight copies, the 1 GB allowance) and
+20.14 GB at tp=4 (0.66, 17.17, 1.24, 0.08 and 1 GB): 21 % and 39 % below the measurements, 9.6 GB and 12.9 GB
+in absolute terms. The formula was not tuned to them.
+
+Checked against an H100 (benchmarks/results/2026-11-26-h100-first-light.md, config ``short`` on one GPU):
+torch's peak of allocated memory against the estimate less the CUDA allowance, 19.92 GB against 21.14 GB
+measured in fp32 (-6 %), 14.01 GB against 14.65 GB in bf16 with the gpu pipeline (-4 %; -17 % before the
+batches were counted), and against 13.52 GB compiled and 12.21 GB compiled with CUDA graphs (+4 % and +15 %:
+compiled kernels save less for backward than eager ones). On the CPU it matched, byte for byte, what the busiest rank of dlscale's
 parallel ViT (:mod:`dlscale.parallel.vit_parallel` on forked gloo ranks: tp 2 and 4, cp 2, 3 and 4,
 tp 2 x cp 2; fp32 and bf16) saves.
 What the measurement holds and the estimate leaves out:

@@ -100,14 +100,8 @@ def shard_elements(shape: tuple[int, ...], shards: int) -> int:
 
 @dataclass(frozen=True)
 class TracedMemory(MemoryEstimate):
-    """The analytic estimate's parts per GPU, plus the batch itself: a traced step knows which of its inputs
-    and targets autograd does not already keep."""
-
-    batch: int = 0  # the input and target batches, where autograd does not already hold them
-
-    @property
-    def total(self) -> int:
-        return super().total + self.batch
+    """The analytic estimate's parts per GPU; its ``batch`` is what the traced step finds: the inputs and targets
+    autograd does not already keep."""
 
 
 def fsdp_working_set(parameters: tuple[ParameterInfo, ...], units: int) -> int:

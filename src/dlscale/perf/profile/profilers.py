@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +21,9 @@ import torch
 from torch.profiler import ProfilerActivity
 
 from dlscale.errors import ConfigError
+from dlscale.perf.profile.trace_summary import TraceSummary, summarize_trace
 from dlscale.runtime.atomic_files import write_text_atomically
+from dlscale.runtime.strict_json import to_json
 from dlscale.training.observer import Observer
 
 if TYPE_CHECKING:
@@ -36,8 +39,11 @@ class TorchProfilerObserver(Observer):
 
     The trace opens in https://ui.perfetto.dev, chrome://tracing, or TensorBoard's profile plugin with
     ``--logdir <run_dir>/profiler``. Profiler steps are named ``ProfilerStep#<n>``: ``n`` counts steps from
-    this process's first one, so the recorded steps are ``wait + warmup`` to ``wait + warmup + active - 1``.
-    The profiler is stopped as soon as its window is written, so the rest of the run pays nothing for it.
+    this process's first one, so the recorded steps are ``wait + warmup`` to ``wait + warmup + active - 1``;
+    each runs from the start of its training step to the start of the next one. The profiler is stopped as
+    soon as its window is written, so the rest of the run pays nothing for it. Beside the trace goes its
+    summary (:mod:`dlscale.perf.profile.trace_summary`): GPU time by kind of kernel, the idle share, the top
+    kernels and the host syncs of each recorded step, also logged.
     """
 
     def __init__(self, wait: int = 1, warmup: int = 1, active: int = 3, top_operators: int = 15):
@@ -47,6 +53,8 @@ class TorchProfilerObserver(Observer):
         self.top_operators = top_operators
         self.trace_path: Path | None = None  # set once the trace is written
         self.top_table: str | None = None
+        self.summary: TraceSummary | None = None  # GPU time shares and host syncs of the window
+        self.summary_path: Path | None = None
         self._profiler: torch.profiler.profile | None = None
         self._session = contextlib.ExitStack()
         self._directory = Path()
@@ -93,10 +101,13 @@ class TorchProfilerObserver(Observer):
                 self.wait + self.warmup + self.active,
             )
 
-    def on_step_end(self, trainer: Trainer, loss: torch.Tensor) -> None:
-        if self._profiler is None:
+    def on_step_start(self, trainer: Trainer) -> None:
+        # A profiler step runs from the start of one training step to the start of the next, so it holds all the
+        # host work the loop does for that step after its observers ran (the divergence guard's check, logging;
+        # validation and the checkpoint after an epoch's last step): the host syncs it counts are that step's.
+        if self._profiler is None or trainer.progress.global_step == self._first_global_step:
             return
-        self._profiler.step()  # writes the trace (via _write_trace) after the window's last step
+        self._profiler.step()  # writes the trace (via _write_trace) once the window's last step is over
         if self.trace_path is not None:
             self._stop()  # frees the recorded events; the rest of the run is not profiled
 
@@ -123,6 +134,7 @@ class TorchProfilerObserver(Observer):
         recorded = max(profiler.step_num - first, 0)
         sort_by = "self_device_time_total" if self._on_gpu else "self_cpu_time_total"
         self.top_table = profiler.key_averages().table(sort_by=sort_by, row_limit=self.top_operators)
+        self.summary = self._summarize(path)
         log.info(
             "Torch profiler trace of %d step(s) (global steps %d to %d): %s\n"
             "  open it in https://ui.perfetto.dev or with tensorboard --logdir %s\n"
@@ -136,6 +148,21 @@ class TorchProfilerObserver(Observer):
             "GPU" if self._on_gpu else "CPU",
             self.top_table,
         )
+        if self.summary is not None:
+            for line in self.summary.lines():
+                log.info("%s", line)
+
+    def _summarize(self, trace: Path) -> TraceSummary | None:
+        """The trace's GPU time shares, top kernels and host syncs per step, also written beside it as
+        ``<trace>.summary.json`` (a few kB to keep or send where the trace, tens of MB, is too big)."""
+        try:
+            summary = summarize_trace(json.loads(trace.read_text()), first_step=self._first_global_step)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a summary must never fail the run
+            log.warning("Torch profiler: could not summarize the trace %s: %s", trace, exc)
+            return None
+        self.summary_path = trace.with_name(trace.name.removesuffix(".json") + ".summary.json")
+        write_text_atomically(self.summary_path, to_json(summary.to_json()))
+        return summary
 
 
 def require_line_profiler() -> ModuleType:
