@@ -154,6 +154,7 @@ class Session:
         self.rehearse = args.rehearse
         self.sizes = REHEARSAL if args.rehearse else GPU
         self.ladder_rungs = args.ladder_rungs
+        self.tune_minutes = args.tune_minutes
         self.out = Path(args.out).resolve()
         self.scratch = Path(args.scratch).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
@@ -509,6 +510,8 @@ def part_tune(s: Session, deadline: float) -> dict[str, Any]:
     out = s.scratch / "tune"
     shutil.rmtree(out, ignore_errors=True)
     minutes = max((deadline - time.monotonic() - 15) / 60, 0.1)  # 15 s for its start and its files
+    if s.tune_minutes is not None:
+        minutes = min(minutes, s.tune_minutes)
     # From the ladder's best rung, with short trials: from `short`'s fp32 start (21 samples/s on an H100) the
     # first trial alone outlasted the two minutes left on the first GPU call.
     rung, knobs = best_knobs(s)
@@ -1044,6 +1047,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rehearse", action="store_true", help="on the CPU, at `tiny` sizes")
     parser.add_argument(
         "--ladder-rungs", default=LADDER_RUNGS, help=f"rungs of ladder.py (default {LADDER_RUNGS})"
+    )
+    parser.add_argument(
+        "--tune-minutes", type=float, help="at most this long for tune (default: the time left)"
     )
     parser.add_argument("--probe-env", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--combine", nargs=2, type=Path, metavar="JSON", help="merge two records into --out")

@@ -166,6 +166,8 @@ class TrainingSettings:
             raise InvalidValue("global_batch_size", f"must be >= 1, got {self.global_batch_size}")
         if self.local_batch_size is not None and self.local_batch_size < 1:
             raise InvalidValue("local_batch_size", f"must be >= 1 or null, got {self.local_batch_size}")
+        if self.device_batches_ahead < 0:
+            raise InvalidValue("prefetch_depth", f"must be >= 0, got {self.device_batches_ahead}")
         if self.amp_mode not in ("none", "fp16", "bf16"):
             raise InvalidValue("amp_mode", f"must be none, fp16 or bf16, got {self.amp_mode!r}")
         if self.optimizer not in ("Adam", "AdamW", "SGD"):
