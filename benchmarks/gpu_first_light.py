@@ -405,7 +405,8 @@ def best_knobs(s: Session) -> tuple[str | None, list[str]]:
 
 
 def _knob_settings(knobs: Sequence[str]) -> list[str]:
-    return [word for knob in knobs for word in ("--set", _config_key(knob))]
+    """A rung's overrides as ``--set`` options: dlscale resolves their flat names (``amp_mode=bf16``) itself."""
+    return [word for knob in knobs for word in ("--set", knob)]
 
 
 def part_train(s: Session, deadline: float) -> dict[str, Any]:
@@ -434,23 +435,6 @@ def part_train(s: Session, deadline: float) -> dict[str, Any]:
         )
         result["resumed"] = run_record(run_dir, second.output)
     return result
-
-
-def _config_key(knob: str) -> str:
-    """A ladder override (the tutorials' flag names) as the config key dlscale's --set takes."""
-    name, _, value = knob.partition("=")
-    keys = {
-        "num_data_workers": "loader.num_data_workers",
-        "data_loader_config": "loader.data_loader_config",
-        "amp_mode": "train.amp_mode",
-        "tf32": "train.tf32",
-        "enable_fused": "optim.enable_fused",
-        "enable_jit": "train.enable_jit",
-        "cuda_graphs": "train.cuda_graphs",
-        "compile_mode": "train.compile_mode",
-    }
-    value = {"on": "true", "off": "false"}.get(value, value)
-    return f"{keys.get(name, name)}={value}"
 
 
 LOG_LINES_KEPT = ("Performance:", "in the background", "CUDA graphs", "Time taken for epoch", "Resuming from")
@@ -534,7 +518,7 @@ def part_tune(s: Session, deadline: float) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Part:
     name: str
-    box_s: float  # its time box on the GPU (None: all the time left)
+    box_s: float  # its time box on the GPU (inf: all the time left)
     run: Callable[[Session, float], dict[str, Any]]
     needs_data: bool = False
     min_s: float = 10.0  # not started with less time left than this

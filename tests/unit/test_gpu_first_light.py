@@ -113,15 +113,12 @@ def test_parts_that_need_data_bring_the_data_part():
 
 
 @pytest.mark.parametrize("rung", ladder.RUNGS, ids=lambda rung: rung.name)
-def test_every_rung_makes_a_valid_config_and_train_flags(rung: ladder.Rung):
-    # The GPU-only rungs never run on the CPU: their switches are checked here instead.
-    overrides = rung.overrides(workers=8)
-    cfg = load_run_config(REPO / "configs" / "vit_era5.yaml", "short", overrides)
-    keys = [first_light._config_key(knob) for knob in overrides]
-    again = load_run_config(REPO / "configs" / "vit_era5.yaml", "short", keys)
-    for section in ("train", "loader", "optim"):
-        assert getattr(again, section) == getattr(cfg, section)
-    assert all("." in key.partition("=")[0] for key in keys)  # full keys, as --set takes them
+def test_every_rung_makes_a_valid_config(rung: ladder.Rung):
+    # The GPU-only rungs never run on the CPU: their switches are checked here instead. The training run and
+    # the tune get the same switches as --set options.
+    cfg = load_run_config(REPO / "configs" / "vit_era5.yaml", "short", rung.overrides(workers=8))
+    settings = first_light._knob_settings(rung.overrides(workers=8))
+    assert settings[::2] == ["--set"] * len(rung.overrides(workers=8))
     assert ladder.planned_memory_gb(cfg) > 1.0
 
 

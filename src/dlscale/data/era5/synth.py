@@ -130,39 +130,27 @@ def _in_order(
         yield pending.popleft().result()
 
 
-class _TrainingSums:
-    """Per-channel sum and sum of squares, and the sum over time per grid point, of the training blocks, in
-    float64. The pool sums each block; the sums are added here in the blocks' order, so the statistics do not
-    depend on the number of threads. At most ``ahead`` blocks wait to be summed."""
-
-    def __init__(self, pool: ThreadPoolExecutor, ahead: int, channels: int, height: int, width: int):
-        self.pool = pool
-        self.ahead = ahead
-        self.pending: deque[Future] = deque()
-        self.channel_sum = np.zeros(channels)
-        self.channel_sumsq = np.zeros(channels)
-        self.time_sum = np.zeros((channels, height, width))
-        self.steps = 0
-
-    def add(self, block: np.ndarray) -> None:
-        self.pending.append(self.pool.submit(_block_sums, block))
-        self.steps += len(block)
-        while len(self.pending) > self.ahead:
-            self._fold(self.pending.popleft())
-
-    def finish(self) -> _TrainingSums:
-        while self.pending:
-            self._fold(self.pending.popleft())
-        return self
-
-    def _fold(self, future: Future) -> None:
-        channel_sum, channel_sumsq, time_sum = future.result()
-        self.channel_sum += channel_sum
-        self.channel_sumsq += channel_sumsq
-        self.time_sum += time_sum
+def _written_blocks(
+    pool: ThreadPoolExecutor,
+    atmosphere: SyntheticAtmosphere,
+    fields: h5py.Dataset,
+    first_step: int,
+    ahead: int,
+) -> Iterator[np.ndarray]:
+    """Each block of a file's ``fields`` (its steps count from ``first_step`` along the trajectory), yielded once
+    written: the pool computes the noiseless fields of the next blocks, the noise is added here in time order."""
+    steps = fields.shape[0]
+    starts = range(0, steps, CHUNK_STEPS)
+    ranges = (np.arange(first_step + start, first_step + min(start + CHUNK_STEPS, steps)) for start in starts)
+    noiseless = _in_order(pool, atmosphere.noiseless_channels, ranges, ahead)
+    for start, values in zip(starts, noiseless, strict=True):
+        block = atmosphere.add_noise(values)
+        fields[start : start + len(block)] = block
+        yield block
 
 
 def _block_sums(block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-channel sum and sum of squares, and the sum over time per grid point, of one block, in float64."""
     return (
         block.sum(axis=(0, 2, 3), dtype=np.float64),
         np.einsum("tchw,tchw->c", block, block, dtype=np.float64),
@@ -173,26 +161,21 @@ def _block_sums(block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _write_files(partial: Path, spec: SynthERA5Spec, report: Callable[[str], None], workers: int) -> dict:
     """The yearly HDF5 files and the statistics of the training years; returns the manifest.
 
-    Threads compute the noiseless fields of the next blocks and the sums of the blocks written; the noise is
-    added here, block after block in time order, so the files and the statistics are the same bit for bit with
-    any number of ``workers``.
+    Threads compute the noiseless fields of the next blocks and the sums of the training blocks written; the
+    noise is added, and the sums are added up, in time order, so the files and the statistics are the same bit
+    for bit with any number of ``workers``.
     """
     atmosphere = SyntheticAtmosphere(Grid(spec.height, spec.width), seed=spec.seed, noise=spec.noise)
     started = time.perf_counter()
+    channel_sum = np.zeros(len(ERA5_CHANNELS))
+    channel_sumsq = np.zeros(len(ERA5_CHANNELS))
+    time_sum = np.zeros((len(ERA5_CHANNELS), spec.height, spec.width))
     step_offset = 0
     pool = ThreadPoolExecutor(workers, thread_name_prefix="synth-era5")
     try:
-        sums = _TrainingSums(pool, workers, len(ERA5_CHANNELS), spec.height, spec.width)
         for split, years in spec.years().items():
             (partial / split).mkdir()
             for year in years:
-                starts = range(0, spec.steps_per_year, CHUNK_STEPS)
-                steps = [
-                    np.arange(
-                        step_offset + start, step_offset + min(start + CHUNK_STEPS, spec.steps_per_year)
-                    )
-                    for start in starts
-                ]
                 with h5py.File(partial / split / f"{year}.h5", "w") as handle:
                     fields = handle.create_dataset(
                         "fields",
@@ -201,27 +184,29 @@ def _write_files(partial: Path, spec: SynthERA5Spec, report: Callable[[str], Non
                     )
                     fields.attrs["channels"] = list(ERA5_CHANNELS)
                     fields.attrs["hours_per_step"] = 6
-                    noiseless = _in_order(pool, atmosphere.noiseless_channels, steps, ahead=workers)
-                    for start, values in zip(starts, noiseless, strict=True):
-                        block = atmosphere.add_noise(values)
-                        fields[start : start + len(block)] = block
-                        if split == "train":
-                            sums.add(block)
+                    blocks = _written_blocks(pool, atmosphere, fields, step_offset, ahead=workers)
+                    if split == "train":
+                        for sums in _in_order(pool, _block_sums, blocks, ahead=workers):
+                            channel_sum += sums[0]
+                            channel_sumsq += sums[1]
+                            time_sum += sums[2]
+                    else:
+                        deque(blocks, maxlen=0)  # write them all
                 step_offset += spec.steps_per_year
                 report(
                     f"synth-era5: wrote {split}/{year}.h5 ({spec.steps_per_year} steps, "
                     f"{time.perf_counter() - started:.1f} s)"
                 )
-        sums.finish()
     finally:  # an interrupted write (an error, Ctrl-C) computes no further blocks
         pool.shutdown(wait=True, cancel_futures=True)
 
-    count = sums.steps * spec.height * spec.width
-    means = sums.channel_sum / count
-    stds = np.sqrt(np.maximum(sums.channel_sumsq / count - means**2, 0.0))
+    train_steps = spec.train_years * spec.steps_per_year
+    count = train_steps * spec.height * spec.width
+    means = channel_sum / count
+    stds = np.sqrt(np.maximum(channel_sumsq / count - means**2, 0.0))
     stats = partial / "stats"
     stats.mkdir()
     np.save(stats / "global_means.npy", means.reshape(1, -1, 1, 1).astype(np.float32))
     np.save(stats / "global_stds.npy", stds.reshape(1, -1, 1, 1).astype(np.float32))
-    np.save(stats / "time_means.npy", (sums.time_sum / sums.steps)[None].astype(np.float32))
+    np.save(stats / "time_means.npy", (time_sum / train_steps)[None].astype(np.float32))
     return {"generator": "dlscale synth-era5", "channels": list(ERA5_CHANNELS), "spec": asdict(spec)}
