@@ -121,9 +121,19 @@ def write_arco(path: Path, truth: dict[str, np.ndarray], times: np.ndarray, hour
     return _to_zarr(dataset, path)
 
 
-def write_wb2(path: Path, truth: dict[str, np.ndarray], times: np.ndarray) -> Path:
+def write_wb2(
+    path: Path,
+    truth: dict[str, np.ndarray],
+    times: np.ndarray,
+    latitude: np.ndarray | None = None,
+    longitude: np.ndarray | None = None,
+) -> Path:
+    """``latitude``, ``longitude``: the rows of ``truth``, north to south, and its columns (default: ERA5's grid,
+    poles included, from 0 east); the store keeps the rows south to north, as WeatherBench2's."""
     steps, height, width = next(iter(truth.values())).shape
-    latitude, longitude = grid(height, width)
+    era5_latitude, era5_longitude = grid(height, width)
+    latitude = era5_latitude if latitude is None else latitude
+    longitude = era5_longitude if longitude is None else longitude
     data_vars = {}
     for name, (values, has_levels) in _fields_by_variable(truth, "long").items():
         south_to_north = values[..., ::-1, :]

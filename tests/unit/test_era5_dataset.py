@@ -332,6 +332,26 @@ def test_latitudes_of_361_row_grid_cropped_to_360(tmp_path):
     assert lat[-1] == pytest.approx(-89.5)
 
 
+def test_a_split_whose_files_hold_coordinates_reads_them_for_its_crop(data_root):
+    latitudes, longitudes = np.linspace(80, -80, H), 10.0 + 36.0 * np.arange(W)
+    for path in sorted((data_root / "train").glob("*.h5")):
+        with h5py.File(path, "a") as handle:
+            handle.create_dataset("latitude", data=latitudes)
+            handle.create_dataset("longitude", data=longitudes)
+    dataset = ERA5Dataset(make_cfg(data_root, img_size=(H - 2, W - 3)), "train")
+    np.testing.assert_array_equal(dataset.latitudes, latitudes[: H - 2])
+    np.testing.assert_array_equal(dataset.longitudes, longitudes[: W - 3])
+    np.testing.assert_array_equal(dataset.grid.latitudes, latitudes)  # the whole file grid
+
+
+def test_a_split_whose_files_disagree_on_their_grid_is_refused(data_root):
+    for index, path in enumerate(sorted((data_root / "train").glob("*.h5"))):
+        with h5py.File(path, "a") as handle:
+            handle.create_dataset("latitude", data=np.linspace(80, -80, H) - (index == 2))
+    with pytest.raises(DataError, match=r"1992.h5: its latitudes .* differ from those of 1990.h5"):
+        ERA5Dataset(make_cfg(data_root), "train")
+
+
 def test_repr_names_split_size_and_crop(data_root):
     text = repr(ERA5Dataset(make_cfg(data_root, img_size=(4, 8)), "train"))
     assert "'train'" in text and "files=3" in text and f"samples={sum(STEPS) - 3}" in text and "4x8" in text

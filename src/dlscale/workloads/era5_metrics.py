@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import h5py
 import numpy as np
 import torch
 
+from dlscale.data.era5.coordinates import GridCoordinates
 from dlscale.data.era5.dataset import ERA5Dataset
-from dlscale.data.era5.layout import FIELDS_KEY
 from dlscale.errors import ConfigError, did_you_mean
 from dlscale.training.evaluate import ChannelSkill, EvalSummary, Evaluator, ExampleImage
 from dlscale.training.metrics import (
@@ -57,30 +56,23 @@ def channel_unit(name: str) -> str:
 
 
 def grid_extent(
-    dataset_latitudes: np.ndarray, file_shape: tuple[int, int], width: int
+    grid: GridCoordinates, height: int, width: int
 ) -> tuple[tuple[float, float, float, float], str | None]:
-    """The (west, east, south, north) pixel edges in degrees of the top-left crop of ``width`` columns whose
-    rows lie at ``dataset_latitudes``, in a file grid of ``file_shape`` rows (+90 to -90) and columns (0 to 360
-    degrees east); and, for a crop, what part of the grid it is (None when it is the whole grid)."""
-    file_height, file_width = file_shape
-    height = len(dataset_latitudes)
-    dlat = 180.0 / max(file_height - 1, 1)
-    dlon = 360.0 / file_width
-    north = float(dataset_latitudes[0]) + dlat / 2
-    south = float(dataset_latitudes[-1]) - dlat / 2
-    extent = (-dlon / 2, (width - 0.5) * dlon, south, north)
+    """The (west, east, first row's edge, last row's edge) pixel edges in degrees of the top-left ``height`` x
+    ``width`` crop of ``grid`` (matplotlib's ``extent`` for an image whose row 0 is drawn at the top: a grid
+    stored north to south shows north up); and, for a crop, what part of the grid it is (None when it is the
+    whole grid). Edges lie half a grid spacing beyond the outer rows' and columns' centres."""
+    latitudes, longitudes = grid.latitudes, grid.longitudes
+    file_height, file_width = len(latitudes), len(longitudes)
+    # Signed spacing: negative for rows that run north to south. One row or column: a 1-degree pixel.
+    dlat = float(latitudes[1] - latitudes[0]) if file_height > 1 else -1.0
+    dlon = float(longitudes[1] - longitudes[0]) if file_width > 1 else 1.0
+    first_row = float(latitudes[0]) - dlat / 2
+    last_row = float(latitudes[height - 1]) + dlat / 2
+    extent = (float(longitudes[0]) - dlon / 2, float(longitudes[width - 1]) + dlon / 2, last_row, first_row)
     whole = (height, width) == (file_height, file_width)
     region = None if whole else f"top-left {height}x{width} crop of the {file_height}x{file_width} grid"
     return extent, region
-
-
-def file_grid_shape(dataset: ERA5Dataset) -> tuple[int, int] | None:
-    """(rows, columns) of the split's files, read from the first file's header (None without a file)."""
-    if not dataset.files:
-        return None
-    with h5py.File(dataset.files[0], "r") as file:
-        rows, columns = file[FIELDS_KEY].shape[-2:]
-    return int(rows), int(columns)
 
 
 class ERA5Evaluator(Evaluator):
@@ -112,11 +104,7 @@ class ERA5Evaluator(Evaluator):
         if unit is not None and dataset.normalize:
             labels["scale"] = float(dataset.stds[self.image_index])
             labels["offset"] = float(dataset.means[self.image_index])
-        file_shape = file_grid_shape(dataset)
-        if file_shape is not None:
-            labels["extent"], labels["region"] = grid_extent(
-                dataset.latitudes, file_shape, dataset.cfg.img_size[1]
-            )
+        labels["extent"], labels["region"] = grid_extent(dataset.grid, *dataset.cfg.img_size)
         return labels
 
     def reset(self) -> None:

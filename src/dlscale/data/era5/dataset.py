@@ -29,8 +29,9 @@ import torch
 from torch.utils.data import Dataset
 
 from dlscale.data.era5.config import ERA5DataConfig
+from dlscale.data.era5.coordinates import GridCoordinates
 from dlscale.data.era5.hdf5_slabs import SlabReader
-from dlscale.data.era5.layout import ERA5_CHANNELS, FIELDS_KEY, latitudes, load_stats, scan_split
+from dlscale.data.era5.layout import ERA5_CHANNELS, FIELDS_KEY, load_stats, scan_split
 from dlscale.data.era5.mapped_fields import MappedFields, choose_read_method
 from dlscale.data.normalization import ChannelNormalizer
 from dlscale.errors import DataError
@@ -70,7 +71,10 @@ class ERA5Dataset(Dataset):
         self.channel_names: tuple[str, ...] = layout.channel_names
         self.means: np.ndarray = load_stats(cfg, "global_means_path", self.channel_names)
         self.stds: np.ndarray = load_stats(cfg, "global_stds_path", self.channel_names, positive=True)
-        self.latitudes: np.ndarray = latitudes(layout.file_height, cfg.img_size[0])
+        # The file grid's coordinates (the files' own where they hold them), and those of the crop read.
+        self.grid: GridCoordinates = layout.grid
+        self.latitudes: np.ndarray = layout.grid.latitudes[: cfg.img_size[0]]
+        self.longitudes: np.ndarray = layout.grid.longitudes[: cfg.img_size[1]]
         n_out = cfg.n_out_channels
         self._normalizer = ChannelNormalizer(self.means, self.stds, self.means[:n_out], self.stds[:n_out])
 
@@ -94,6 +98,7 @@ class ERA5Dataset(Dataset):
         how = "through memory maps" if self.read_method == "mmap" else "through HDF5"
         files = f"{len(self.files)} file{'s' if len(self.files) != 1 else ''}"
         logger.info("ERA5 %s split: %s read %s (%s)", split, files, how, why)
+        logger.info("ERA5 %s split grid: %s", split, layout.grid.describe())
 
         # file -> (open file, its `fields`, the file's size in bytes when opened)
         self._handles: dict[int, tuple[h5py.File, h5py.Dataset, int]] = {}

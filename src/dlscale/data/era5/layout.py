@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 
 from dlscale.data.era5.config import ERA5DataConfig
+from dlscale.data.era5.coordinates import GridCoordinates, check_same_grid, read_coordinates
 from dlscale.data.npy_files import read_npy_array
 from dlscale.errors import DataError
 from dlscale.runtime.file_status import NOT_FOUND, why_not_a_file
@@ -44,8 +45,9 @@ ERA5_CHANNELS: tuple[str, ...] = (
 )
 
 FIELDS_KEY = "fields"
-# Coordinates an imported file also holds (dlscale data import-era5): time in seconds since 1970, degrees.
-TIME_KEY, LATITUDE_KEY, LONGITUDE_KEY = "time", "latitude", "longitude"
+# The times an imported file also holds (dlscale data import-era5), in seconds since 1970; its latitudes and
+# longitudes are dlscale.data.era5.coordinates's.
+TIME_KEY = "time"
 
 # The shipped configs' real-data root is ${DLSCALE_ERA5_DATA:-/data}.
 ERA5_DATA_VARIABLE = "DLSCALE_ERA5_DATA"
@@ -64,6 +66,7 @@ class SplitLayout:
     file_height: int  # H_file, before the crop
     file_width: int  # W_file, before the crop
     channel_names: tuple[str, ...]  # the first n_in channel names
+    grid: GridCoordinates  # where the file grid's rows and columns lie (the files' own, or the formula)
 
 
 def missing_data_hint(cfg: ERA5DataConfig, key: str) -> str:
@@ -115,24 +118,29 @@ def scan_split(cfg: ERA5DataConfig, key: str) -> SplitLayout:
     steps: list[int] = []
     first_shape: tuple[int, int, int] | None = None
     channel_names: tuple[str, ...] = ()
+    first_grid: GridCoordinates | None = None
     for path in files:
-        shape, names = _check_file(path, cfg)
+        shape, names, grid = _check_file(path, cfg)
         steps.append(shape[0])
-        if first_shape is None:
-            first_shape = shape[1:]
-            channel_names = names
+        if first_shape is None or first_grid is None:
+            first_shape, channel_names, first_grid = shape[1:], names, grid
         elif shape[1:] != first_shape:
             raise DataError(
                 f"{path}: dataset '{FIELDS_KEY}' has (C, H, W) = {shape[1:]}, but {files[0].name} in the same "
                 f"split has {first_shape}; every file of a split must have the same channels and grid"
             )
-    assert first_shape is not None
+        else:
+            check_same_grid(first_grid, files[0], grid, path)
+    assert first_shape is not None and first_grid is not None
     c, h, w = first_shape
-    return SplitLayout(files, steps, c, h, w, channel_names)
+    return SplitLayout(files, steps, c, h, w, channel_names, first_grid)
 
 
-def _check_file(path: Path, cfg: ERA5DataConfig) -> tuple[tuple[int, int, int, int], tuple[str, ...]]:
-    """Check one year file against the config; return the shape of `fields` and the input channel names."""
+def _check_file(
+    path: Path, cfg: ERA5DataConfig
+) -> tuple[tuple[int, int, int, int], tuple[str, ...], GridCoordinates]:
+    """Check one year file against the config; return the shape of `fields`, the input channel names and the
+    grid's coordinates."""
     try:
         handle = h5py.File(path, "r")
     except Exception as exc:
@@ -173,7 +181,8 @@ def _check_file(path: Path, cfg: ERA5DataConfig) -> tuple[tuple[int, int, int, i
                 f"{where}: cannot read its last element, the file is truncated or damaged: {exc}"
             ) from exc
         names = _channel_names(ds, where, cfg.n_in_channels)
-    return (t, c, h, w), names
+        grid = read_coordinates(handle, path, h, w)
+    return (t, c, h, w), names, grid
 
 
 def _channel_names(ds: h5py.Dataset, where: str, n_in: int) -> tuple[str, ...]:
@@ -232,9 +241,3 @@ def load_stats(
                 f"{path}: {key} has {value} for channel {channel} ({name}), expected a standard deviation > 0"
             )
     return values.astype(np.float32)
-
-
-def latitudes(file_height: int, height: int) -> np.ndarray:
-    """Latitudes in degrees of the first `height` rows of a grid whose `file_height` rows span +90 to -90."""
-    rows = np.arange(height, dtype=np.float64)
-    return 90.0 - 180.0 * rows / max(file_height - 1, 1)

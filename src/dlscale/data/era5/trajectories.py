@@ -73,12 +73,11 @@ class ERA5Trajectories:
         known = quantities or {}
         self.long_names = tuple(known.get(name, (name, ""))[0] for name in self.channel_names)
         self.units = tuple(known.get(name, (name, ""))[1] for name in self.channel_names)
-        hours_per_step, file_width = _hours_and_width(self.files[0])
+        hours_per_step = _hours_per_step(self.files[0])
         self.step_hours = hours_per_step * self.cfg.dt
         self.hours_per_state = hours_per_step
         self.latitudes = normalized.latitudes
-        width = self.cfg.img_size[1]
-        self.longitudes = 360.0 * np.arange(width, dtype=np.float64) / file_width
+        self.longitudes = normalized.longitudes
         self._dates = [
             _file_dates(path, steps, self.hours_per_state)
             for path, steps in zip(self.files, self.steps_per_file, strict=True)
@@ -178,8 +177,8 @@ def _file_dates(path: Path, steps: int, hours_per_state: float) -> np.ndarray | 
     return np.datetime64(f"{year:04d}-01-01T00:00", "m") + minutes.astype("timedelta64[m]")
 
 
-def _hours_and_width(path) -> tuple[float, int]:
-    """The hours between a file's time indices (its ``hours_per_step`` attribute, else 6) and its grid's width."""
+def _hours_per_step(path) -> float:
+    """The hours between a file's time indices: its ``hours_per_step`` attribute, else 6."""
     with h5py.File(path, "r") as handle:
         fields = handle[FIELDS_KEY]
         hours = fields.attrs.get(HOURS_ATTRIBUTE, DEFAULT_HOURS_PER_STEP)
@@ -192,4 +191,4 @@ def _hours_and_width(path) -> tuple[float, int]:
                 f"{path}: the attribute {HOURS_ATTRIBUTE!r} of '{FIELDS_KEY}' is {fields.attrs[HOURS_ATTRIBUTE]!r}; "
                 "expected the hours between time indices (> 0)"
             )
-        return hours, int(fields.shape[-1])
+        return hours

@@ -19,7 +19,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from dlscale.data.era5.layout import FIELDS_KEY, LATITUDE_KEY, LONGITUDE_KEY, TIME_KEY
+from dlscale.data.era5.coordinates import LATITUDE_KEY, LONGITUDE_KEY
+from dlscale.data.era5.layout import FIELDS_KEY, TIME_KEY
 from dlscale.errors import DataError
 from dlscale.runtime.atomic_files import is_temporary_name, write_text_atomically
 from dlscale.runtime.strict_json import to_json

@@ -17,12 +17,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from dlscale.data.era5.coordinates import LATITUDE_KEY, LONGITUDE_KEY
 from dlscale.data.era5.importing.names import ChannelSource
 from dlscale.data.era5.importing.plan import YearFile
 from dlscale.data.era5.importing.progress import ByteProgress
 from dlscale.data.era5.importing.source import ERA5Source
 from dlscale.data.era5.importing.statistics import StreamingChannelStats
-from dlscale.data.era5.layout import FIELDS_KEY, LATITUDE_KEY, LONGITUDE_KEY, TIME_KEY
+from dlscale.data.era5.layout import FIELDS_KEY, TIME_KEY
 from dlscale.errors import DataError
 from dlscale.runtime.atomic_files import fsync_file
 

@@ -1,0 +1,88 @@
+"""A grid without pole rows (WeatherBench2's 64 x 32 equiangular one): every coordinate and score comes from
+the store's own latitudes and longitudes, not from the tutorial's +90..-90 formula."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from run_configs import tiny_run_config
+
+from dlscale.cli import main
+from dlscale.config import load_run_config
+from dlscale.data.era5.dataset import ERA5Dataset
+from dlscale.run.training import train
+
+xarray = pytest.importorskip("xarray", reason="the era5 extra (xarray, zarr) reads the store")
+from era5_stores import random_truth, six_hourly_times, write_wb2  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+HEIGHT, WIDTH, STEPS_PER_YEAR = 32, 64, 12
+# WeatherBench2's 64 x 32 equiangular grid: 32 rows at the centres of 5.625-degree bands, +-87.1875 at the
+# ends, and no pole row; north to south as the imported files keep them.
+LATITUDES = (87.1875 - 5.625 * np.arange(HEIGHT)).astype(np.float64)
+# Columns at the centres of their cells, so they differ from the formula's (0, 5.625, ...) too.
+LONGITUDES = 2.8125 + 5.625 * np.arange(WIDTH)
+
+
+@pytest.fixture(scope="module")
+def equiangular(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, np.ndarray]]:
+    """(the imported data, a one-epoch run on it, the truth) for a WeatherBench2-style store on that grid."""
+    root = tmp_path_factory.mktemp("equiangular")
+    truth = random_truth(3 * STEPS_PER_YEAR, HEIGHT, WIDTH)
+    times = six_hourly_times([2016, 2017, 2018], STEPS_PER_YEAR)
+    store = write_wb2(root / "wb2.zarr", truth, times, LATITUDES, LONGITUDES)
+    data = root / "era5"
+    split = "2016:train,2017:valid,2018:test"
+    assert main(["data", "import-era5", str(store), "--out", str(data), "--split", split]) == 0
+    cfg = tiny_run_config(CONFIGS / "vit_era5.yaml", data, root / "runs", "data.img_size=[32,64]")
+    assert train(cfg) == 0
+    return data, root / "runs" / "tiny" / "00", truth
+
+
+def test_the_dataset_reads_the_rows_and_columns_where_the_store_has_them(equiangular, caplog):
+    data, run, _ = equiangular
+    cfg = load_run_config(run / "config.yaml", "tiny").data
+    with caplog.at_level("INFO"):
+        dataset = ERA5Dataset(cfg, "train")
+    np.testing.assert_array_equal(dataset.latitudes, LATITUDES)
+    np.testing.assert_array_equal(dataset.longitudes, LONGITUDES)
+    assert "from the files' latitude/longitude datasets" in caplog.text
+    assert "rows at 87.19 to -87.19 N, columns at 2.812 to 357.2 E" in caplog.text
+
+
+def test_the_forecast_file_and_its_scores_use_the_stores_coordinates(equiangular):
+    data, run, truth = equiangular
+    assert main(["forecast", str(run), "--lead", "12h", "--init", "every:6h", "--write", "netcdf"]) == 0
+    (directory,) = (run / "forecast").iterdir()
+    document = json.loads((directory / "scores.json").read_text())
+    with xarray.open_dataset(directory / "forecast.nc", engine="h5netcdf") as written:
+        np.testing.assert_array_equal(written.latitude.values, LATITUDES)
+        np.testing.assert_array_equal(written.longitude.values, LONGITUDES)
+        channels = document["channels"]
+        forecasts = np.stack([written[c].values for c in channels], axis=2).astype(np.float64)
+        initial = (
+            (written.time.values - np.datetime64("2018-01-01", "ns")) // np.timedelta64(6, "h")
+        ).astype(int)
+
+    # The truth from the store itself (the test year's states), weighted by cos(latitude) of its rows.
+    test_year = np.stack([truth[c][2 * STEPS_PER_YEAR :] for c in channels], axis=1).astype(np.float64)
+    weights = np.cos(np.deg2rad(LATITUDES))
+    weights = (weights / weights.mean()).reshape(1, 1, -1, 1)
+    climatology = np.load(data / "stats" / "time_means.npy")[0].astype(np.float64)
+    for lead in (1, 2):
+        target = test_year[initial + lead]
+        for forecaster, predicted in (("model", forecasts[:, lead - 1]), ("persistence", test_year[initial])):
+            mse = ((predicted - target) ** 2 * weights).mean(axis=(-2, -1))  # (initial time, channel)
+            expected_rmse = np.sqrt(mse.mean(axis=0))
+            f, o = predicted - climatology, target - climatology
+            acc = (weights * f * o).sum((-2, -1)) / np.sqrt(
+                (weights * f**2).sum((-2, -1)) * (weights * o**2).sum((-2, -1))
+            )
+            scores = document["scores"][forecaster]
+            got_rmse = [scores["rmse"][c][lead] for c in channels]
+            got_acc = [scores["acc"][c][lead] for c in channels]
+            np.testing.assert_allclose(got_rmse, expected_rmse, rtol=1e-5, err_msg=forecaster)
+            np.testing.assert_allclose(got_acc, acc.mean(axis=0), rtol=1e-5, atol=1e-7, err_msg=forecaster)
