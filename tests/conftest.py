@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_FILE = REPO / "configs" / "vit_era5.yaml"
+
+# The suite's temporary files live under this checkout's build/ folder, and with them torch.compile's C++ builds:
+# inductor keeps its cache in TORCHINDUCTOR_CACHE_DIR but its precompiled headers in the system's temporary
+# folder whatever that says, so two suites at once (two clones) shared one header and one failed compiling
+# against the other's half-written one. A suite now never depends on what another process compiles. This
+# runs before torch is imported; tempfile's cached answer is dropped so that this process uses TMPDIR too, and
+# every process a test starts inherits both.
+SUITE_TMP = REPO / "build" / "tmp"
+SUITE_TMP.mkdir(parents=True, exist_ok=True)
+os.environ["TMPDIR"] = str(SUITE_TMP)
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(SUITE_TMP / "torchinductor")
+tempfile.tempdir = None
 
 # Tests that start processes must not oversubscribe the 2 cores of the CI machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -2,18 +2,21 @@
 
     import dlscale
 
-    summary = dlscale.train("heat2d", "examples/heat2d/heat2d.yaml", "demo", overrides=["optim.lr=1e-3"])
+    summary = dlscale.train("examples/heat2d/heat2d.yaml", "demo", ["optim.lr=1e-3"], workload="heat2d")
     print(summary["final"]["val_loss"])
-    results = dlscale.bench("heat2d", "examples/heat2d/heat2d.yaml", "demo", nbatches=20)
+    results = dlscale.bench("examples/heat2d/heat2d.yaml", "demo", workload="heat2d", nbatches=20)
     tuned = dlscale.tune("configs/vit_era5.yaml", "demo", budget_minutes=20)   # tuned.tuned_yaml, .result
     dlscale.export("runs/demo/00", "exports/demo")          # the model without the run: weights, stats, program
     exported = dlscale.load_model("exports/demo")           # .model, .normalize, .denormalize, .config
     metrics = dlscale.evaluate("runs/demo/00", split="test", checkpoint="best")   # its eval/.../metrics.json
     scores = dlscale.forecast("runs/demo/00", lead="10d")   # RMSE/ACC per lead: its forecast/.../scores.json
 
-``workload`` is what the config's ``workload:`` key would say (a built-in name, an installed package's name, an
-import path ``package.module:OBJECT``), a workload object itself (one defined in the notebook), or None for the
-config's own. ``overrides`` are ``--set`` strings (``"optim.lr=1e-3"``); further keyword arguments set config
+Every function that reads a config takes ``yaml_config`` and ``config`` first (the YAML file and the name of
+a config in it) and ``workload`` by keyword; the old order of ``train``, ``bench`` and ``load_config``,
+workload first, still works with a DeprecationWarning (:mod:`dlscale.legacy_call_order`). ``workload`` is what
+the config's ``workload:`` key would say (a built-in name, an installed package's name, an import path
+``package.module:OBJECT``), a workload object itself (one defined in the notebook), or None for the config's
+own. ``overrides`` are ``--set`` strings (``"optim.lr=1e-3"``); further keyword arguments set config
 keys by their flat names with Python values (``num_iters=20``), as the command-line flags do.
 
 The same script runs on every rank under ``torchrun`` (``torchrun --nproc_per_node 4 script.py``): each call
@@ -34,6 +37,7 @@ from dlscale.errors import InvalidValue
 from dlscale.exported.loader import ExportedModel
 from dlscale.exported.loader import load_model as load_exported_model
 from dlscale.exported.writer import ExportSummary, export_run
+from dlscale.legacy_call_order import accept_workload_first
 from dlscale.perf.bench.trials import BenchResults
 from dlscale.run.bench import bench_one_config
 from dlscale.run.evaluation import evaluate_checkpoint
@@ -49,11 +53,13 @@ from dlscale.tuning.session import TuneOutputs, default_out, run_tune
 from dlscale.workloads import Workload, use_workload
 
 
+@accept_workload_first
 def load_config(
-    workload: str | Workload | None = None,
     yaml_config: str | Path = DEFAULT_YAML,
     config: str = "base",
     overrides: Sequence[str] = (),
+    *,
+    workload: str | Workload | None = None,
     **keys: Any,
 ) -> RunConfig:
     """The resolved config (see the module docstring for the arguments), as ``dlscale config`` prints it."""
@@ -63,11 +69,13 @@ def load_config(
     return load_run_config(yaml_config, config, list(overrides), keys, workload=reference)
 
 
+@accept_workload_first
 def train(
-    workload: str | Workload | None = None,
     yaml_config: str | Path = DEFAULT_YAML,
     config: str = "base",
     overrides: Sequence[str] = (),
+    *,
+    workload: str | Workload | None = None,
     **keys: Any,
 ) -> dict[str, Any] | None:
     """Train (or resume) a config; its ``summary.json`` document: final validation metrics, throughput, paths.
@@ -75,21 +83,23 @@ def train(
     None only when a finished run's directory holds no readable summary. Raises TrainingDiverged when the loss
     diverged (the last good checkpoint is kept), and the other DlscaleErrors for what a user can fix.
     """
-    return train_and_summarize(load_config(workload, yaml_config, config, overrides, **keys)).summary
+    return train_and_summarize(load_config(yaml_config, config, overrides, workload=workload, **keys)).summary
 
 
+@accept_workload_first
 def bench(
-    workload: str | Workload | None = None,
     yaml_config: str | Path = DEFAULT_YAML,
     config: str = "base",
     overrides: Sequence[str] = (),
     output: str | Path | None = None,
+    *,
+    workload: str | Workload | None = None,
     **keys: Any,
 ) -> BenchResults:
     """IO / SYNTHETIC / FULL throughput trials of a config and the verdict (``dlscale bench``); the JSON goes to
     ``output`` (default: a new ``<run dir>/bench/<date-time>-benchy_result.json``). Trials are set by ``bench:`` keys,
     e.g. ``nbatches=20, ntrials=3``."""
-    cfg = load_config(workload, yaml_config, config, overrides, **keys)
+    cfg = load_config(yaml_config, config, overrides, workload=workload, **keys)
     return bench_config(cfg, Path(output).expanduser().resolve() if output is not None else None)
 
 
@@ -114,7 +124,10 @@ def evaluate(
     ``run_dir_or_checkpoint`` is a run directory (its ``config.yaml`` and, per ``checkpoint``, its
     ``ckpt_latest.pt`` by default, ``"best"`` or a file's path) or a checkpoint file. ``overrides`` are ``--set``
     strings for any key but those that define the weights (``"data.root=/scratch/era5"``). Rank 0 writes
-    ``<run dir>/eval/<split>-<checkpoint>/`` (metrics.json, metrics.csv and the run's figures).
+    ``<run dir>/eval/<split>-<checkpoint>/`` (metrics.json, metrics.csv and the run's figures), or
+    ``<split>-<checkpoint>-set-<hash>/`` with overrides that can change the results, so that evaluations with
+    other overrides stay beside it (see :mod:`dlscale.run.results_directory`); ``doc["output_dir"]`` is the
+    directory, ``doc["options"]`` what was asked for.
     """
     if isinstance(overrides, str):
         overrides = [overrides]
@@ -142,7 +155,10 @@ def forecast(
     ``["acc"]`` the anomaly correlation, ``doc["headline"]`` the table. A dict, not an xarray Dataset: it is what
     the file holds, needs no extra package, and converts in one line where wanted
     (``pandas.read_csv(".../scores.csv")``, or ``--write netcdf`` for the forecasts themselves, which xarray
-    opens). Rank 0 writes ``<run dir>/forecast/<split>-<checkpoint>/``. One process (not under torchrun).
+    opens). Rank 0 writes ``<run dir>/forecast/<split>-<checkpoint>/`` with the default options, and a directory
+    of its own for other options (``test-ckpt_latest-lead2d-init8``; see :mod:`dlscale.run.results_directory`):
+    ``doc["output_dir"]`` is the directory, ``doc["options"]`` what was asked for. One process (not under
+    torchrun).
     """
     if isinstance(overrides, str):
         overrides = [overrides]

@@ -27,6 +27,7 @@ from dlscale.commands.flags import (
     add_flag_arguments,
 )
 from dlscale.commands.options import (
+    SYNTH_PRESETS,
     add_bench_arguments,
     add_evaluate_arguments,
     add_export_arguments,
@@ -65,7 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     era5 = generators.add_parser("synth-era5", help="ERA5-like fields in the NERSC tutorial's HDF5 layout")
     era5.add_argument("--out", required=True, help="output directory (holds train/ valid/ test/ stats/)")
     era5.add_argument(
-        "--preset", default="demo", help="tiny | demo | full (361x720, real year length); default demo"
+        "--preset",
+        default="demo",
+        choices=SYNTH_PRESETS,
+        help="tiny | demo | full (361x720, real year length); default demo",
     )
     era5.add_argument("--height", type=int, help="grid rows (from +90 to -90 degrees)")
     era5.add_argument("--width", type=int, help="grid columns")
@@ -122,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         generator = generators.add_parser(name, help=what)
         generator.add_argument("--out", required=True, help="output directory")
-        generator.add_argument("--preset", default="demo", help="tiny | demo | full (default demo)")
+        generator.add_argument(
+            "--preset", default="demo", choices=SYNTH_PRESETS, help="tiny | demo | full (default demo)"
+        )
         generator.add_argument("--seed", type=int, help="seed of the synthetic data (default: the preset's)")
         generator.add_argument(
             "--if-missing", action="store_true", help="do nothing if OUT already holds this data set"
@@ -181,7 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate",
         help="a trained checkpoint's metrics on the valid or test split, with the run's figures (eval/)",
     )
-    evaluate.set_defaults(run="dlscale.commands.evaluate:run_evaluate")
+    evaluate.set_defaults(
+        run="dlscale.commands.evaluate:run_evaluate",
+        early_check="dlscale.commands.trained_run_checks:check_evaluate_command",
+    )
     add_evaluate_arguments(evaluate)
 
     forecast = commands.add_parser(
@@ -189,7 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="roll a trained model forward for days: RMSE and ACC per lead time against persistence and "
         "climatology, figures, optionally the forecasts as netCDF/zarr (forecast/)",
     )
-    forecast.set_defaults(run="dlscale.commands.forecast:run_forecast")
+    forecast.set_defaults(
+        run="dlscale.commands.forecast:run_forecast",
+        early_check="dlscale.commands.trained_run_checks:check_forecast_command",
+    )
     add_forecast_arguments(forecast)
 
     export = commands.add_parser(
@@ -205,11 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def command_function(reference: str) -> Callable[[argparse.Namespace], int]:
-    """The function named by a subparser's ``run`` default, ``"package.module:function"``.
+def command_function(reference: str) -> Callable[[argparse.Namespace], int | None]:
+    """The function named by a subparser's ``run`` (or ``early_check``) default, ``"package.module:function"``.
 
     The parser names each command's function as text, and its module is imported only here, once the command
-    line is parsed: the command bodies import torch, which ``--help`` and ``--version`` must not wait for.
+    line is parsed: the command bodies import torch, which ``--help`` and ``--version`` must not wait for. A
+    command body checks what it can before it imports torch; ``early_check`` names the checks of a command
+    whose module imports torch at once (evaluate, forecast), run before that module is imported.
     """
     module_name, _, function_name = reference.partition(":")
     return getattr(importlib.import_module(module_name), function_name)
@@ -219,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dlscale`` console script."""
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "early_check", None) is not None:
+            command_function(args.early_check)(args)
         return command_function(args.run)(args)
     except DlscaleError as exc:
         if getattr(args, "debug", False):  # the whole chain: an exception in the user's code comes first

@@ -16,7 +16,10 @@ from forked_ranks import run_ranks
 from model_parallel_ranks import saved_activation_bytes, train_side_by_side
 from test_data_parallel import StopAtStep, assert_close_weights, checkpoint, tiny
 
+from dlscale.checkpoint.directory import CheckpointDir
+from dlscale.config import load_run_config
 from dlscale.run.training import train
+from dlscale.workloads import get_workload
 
 TOLERANCE = 1e-5
 # Weights after 5 Adam steps: Adam divides each update by the root of its second moment, so a rounding
@@ -199,6 +202,33 @@ def test_fsdp_shards_what_tp_leaves_whole_and_trains_like_serial(tiny_era5, tmp_
     assert [row["val_loss"] for row in history(expdir)] == pytest.approx(
         [row["val_loss"] for row in history(serial)], rel=TOLERANCE
     )
+
+
+def test_a_tp2_checkpoint_in_one_file_holds_the_serial_adam_moments(tiny_era5, tmp_path):
+    """tp defaults to sharded checkpoints; ``checkpoint.format: file`` gathers each shard's Adam moments to the
+    serial shape, as the serial run's optimizer holds them (two steps: 8 samples in batches of 4)."""
+    short = (
+        "log.tensorboard=false", "checkpoint.format=file",
+        "data.limit_nsamples=8", "data.limit_nsamples_val=4", "train.num_epochs=1",
+    )  # fmt: skip
+    serial, parallel = tmp_path / "serial", tmp_path / "tp2"
+    train(tiny(tiny_era5, serial, *short))
+    assert run_ranks(2, train_layout, tiny_era5, parallel, (*short, "parallel.tensor_parallel=2")) == [0, 0]
+    assert CheckpointDir(parallel / "tiny" / "00" / "checkpoints").latest_path.name == "ckpt_latest.pt"
+    expected, actual = checkpoint(serial)["optimizer"]["state"], checkpoint(parallel)["optimizer"]["state"]
+    cfg = load_run_config(serial / "tiny" / "00" / "config.yaml", "tiny")
+    names = [
+        name for name, _ in get_workload(cfg.workload).build_model(cfg.model, cfg.data).named_parameters()
+    ]
+    assert sorted(actual) == sorted(expected) == list(range(len(names)))
+    for index, name in enumerate(names):
+        for moment in ("exp_avg", "exp_avg_sq"):
+            serial_moment, gathered = expected[index][moment].numpy(), actual[index][moment].numpy()
+            assert gathered.shape == serial_moment.shape, f"{moment} of {name}"
+            if not is_key_bias(name):
+                # Averages of the gradients (within TOLERANCE of the serial ones) and of their squares (twice it).
+                error = relative_error(gathered, serial_moment)
+                assert error < 2 * TOLERANCE, f"{moment} of {name}: {error:.2e}"
 
 
 def refusal(rank: int, tp: int, cp: int, img_size: tuple[int, int], heads: int, dropout: float) -> str:

@@ -137,7 +137,9 @@ def test_resuming_a_good_run_with_a_huge_lr_keeps_its_checkpoints_bitwise(tiny_c
 def test_a_huge_learning_rate_diverges_without_saving_and_says_what_to_try(tiny_config):
     cfg = tiny_config("optim.lr=1e6", "checkpoint.save_every_steps=2")
     with pytest.raises(
-        TrainingDiverged, match=r"at step \d+: .* at lr .*lower learning rate.*optim.lr=2.5e\+05"
+        TrainingDiverged,
+        match=r"at step \d+: .* at scheduled lr .*lower learning rate.*"
+        r"optim.lr=2.5e\+05, a quarter of optim.lr 1e\+06",
     ):
         train(cfg)
     assert not list((run_dir(cfg) / "checkpoints").glob("*.pt"))
@@ -165,7 +167,10 @@ def test_skip_leaves_out_the_updates_of_nan_batches_and_counts_them(tiny_config,
     state = load_checkpoint(run_dir(cfg) / "checkpoints" / "ckpt_latest.pt")
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     log = (run_dir(cfg) / "out.log").read_text()
-    assert f"Step {expected[0]}: the loss (nan)" in log and "update skipped (1 of at most 10" in log
+    assert (
+        f"Step {expected[0]}: the loss is nan: update skipped" in log
+        and "update skipped (1 of at most 10" in log
+    )
 
 
 def test_skip_has_a_limit(tiny_config, nan_era5):
@@ -221,7 +226,8 @@ def test_rollback_starts_from_a_checkpoint_and_gives_up_after_its_limit(tiny_con
     # The advice starts from the LR that diverged last (scaled twice by 0.5), never above it.
     message = str(raised.value)
     tried = cfg.optim.lr * 0.25
-    assert f"--set optim.lr={tried / 4:.3g}, which diverged even scaled by 0.25 to {tried:.3g}" in message
+    lowered = f"optim.lr {cfg.optim.lr:.3g} lowered by the rollbacks to {tried:.3g}"
+    assert f"--set optim.lr={tried / 4:.3g}, a quarter of {lowered}" in message
     assert message.index("lower learning rate") < message.index("data.check_finite")
 
 
@@ -283,6 +289,39 @@ def test_skip_never_saves_the_exploded_weights_over_the_good_checkpoint(tiny_con
     log = (run_dir(good) / "out.log").read_text()
     assert "update skipped (10 of at most 10" in log and "update skipped (11 of at most 10" in log
     assert "Checkpoint at step 22 not written: 0 of the 1 normal steps" in log  # epoch 2's save, held back
+    # Each skip says which rule fired: the losses are finite spikes (their gradients overflow as well).
+    assert re.search(r"Step 12: the loss \S+ is more than 100x the median \S+ of the losses before it", log)
+    # The report describes the weights the run leaves behind: the checkpoint of step 11 validated again, not
+    # epoch 2's exploded weights (kept in the history, and never the best).
+    summary = strict_json(run_dir(good) / "summary.json")
+    epoch_1, epoch_2 = summary["history"]
+    assert epoch_2["val_loss"] > 1e6 * epoch_1["val_loss"]
+    assert summary["final_weights"].startswith(f"{checkpoints / 'ckpt_latest.pt'} (step 11, the last good")
+    final = summary["final"]
+    assert (final["epoch"], final["global_step"], final["weights_trusted"]) == (1, 11, True)
+    assert final["val_loss"] == pytest.approx(epoch_1["val_loss"], rel=1e-6)
+    assert final["metrics"][final["headline"]] == pytest.approx(epoch_1["headline_value"], rel=1e-6)
+    assert summary["best"]["epoch"] == 1
+    assert f"Final validation, of {checkpoints / 'ckpt_latest.pt'} (step 11" in log
+    assert log.count("resuming with a changed config") == 1  # the final validation's load does not repeat it
+
+
+def test_a_skipping_run_that_reaches_its_end_on_exploded_weights_flags_its_report(tiny_config):
+    # A fresh run: its first update throws the weights out, and the 10 steps after it are skipped, within the
+    # limit, so the run "finishes" on weights never saved, with no checkpoint before them to report instead.
+    cfg = tiny_config("train.num_epochs=1", "optim.lr=1e5", "train.on_nonfinite=skip")
+    assert train(cfg) == 0
+    summary = strict_json(run_dir(cfg) / "summary.json")
+    assert (summary["outcome"], summary["skipped_steps"]) == ("finished", 10)
+    assert not list((run_dir(cfg) / "checkpoints").glob("*.pt"))
+    (epoch_1,) = summary["history"]
+    final = summary["final"]
+    assert final["weights_trusted"] is False and final["val_loss"] == epoch_1["val_loss"] > 1e6
+    assert summary["final_weights"].startswith(
+        "epoch 1's weights at step 11, which the divergence guard distrusts"
+    )
+    assert summary["best"] == {"epoch": None, "val_loss": None}  # exploded weights are never the best
+    assert "Final validation, of epoch 1's weights at step 11" in (run_dir(cfg) / "out.log").read_text()
 
 
 def test_skip_saves_again_once_the_run_is_healthy(tiny_config, nan_era5):

@@ -4,10 +4,12 @@ work, and bad input is one line with exit status 2 and nothing written."""
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from run_configs import tiny_run_config
@@ -97,7 +99,19 @@ def test_the_last_checkpoint_on_the_valid_split_gives_the_runs_final_validation(
         ]
     )
     rows = (directory / "metrics.csv").read_text().splitlines()
-    assert rows[0] == "metric,value,baseline" and rows[1].startswith(f"loss,{document['loss']!r},")
+    assert rows[0] == "metric,value,baseline,unit" and rows[1].startswith(f"loss,{document['loss']!r},")
+    # metrics.csv gives each RMSE in its channel's unit: the normalized value times the channel's std
+    data = load_run_config(era5_run / "config.yaml", "tiny").data
+    stds = np.load(data.path("global_stds_path")).reshape(-1)
+    cells = {row[0]: row[1:] for row in csv.reader(rows)}
+    for channel, index, unit in (("u10", 0, "m/s"), ("z500", 14, "m^2/s^2")):
+        metric = f"RMSE/{channel}"
+        physical = [
+            document["metrics"][metric] * stds[index],
+            document["baseline_metrics"][metric] * stds[index],
+        ]
+        assert [float(cell) for cell in cells[metric][:2]] == pytest.approx(physical, rel=1e-6)
+        assert cells[metric][2] == unit
     # the Python API returns the same document (the command is a thin layer over it)
     again = dlscale.evaluate(era5_run, split="valid", checkpoint="latest")
     assert {k: v for k, v in again.items() if k != "seconds"} == {

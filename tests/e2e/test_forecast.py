@@ -39,13 +39,13 @@ def era5_run(tiny_era5: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return expdir / "tiny" / "00"
 
 
-def scores(run: Path, name: str = "test-ckpt_latest") -> dict:
+def scores(run: Path, name: str) -> dict:
     return json.loads((run / "forecast" / name / "scores.json").read_text())
 
 
 def test_persistence_is_exact_at_lead_0_and_its_error_grows(era5_run):
     assert main(["forecast", str(era5_run), "--lead", "1d", "--init", "every:6h"]) == 0
-    document = scores(era5_run)
+    document = scores(era5_run, "test-ckpt_latest-lead1d-every6h")
     assert document["lead_hours"] == [0.0, 6.0, 12.0, 18.0, 24.0]
     assert document["initial_time_count"] == 20  # 24 states, of which the last 4 cannot reach 1 day
     persistence, model = document["scores"]["persistence"], document["scores"]["model"]
@@ -57,8 +57,10 @@ def test_persistence_is_exact_at_lead_0_and_its_error_grows(era5_run):
         errors = persistence["rmse"][name]
         assert all(later > earlier for earlier, later in zip(errors[:-1], errors[1:], strict=True)), name
     assert document["scores"]["climatology"]["acc"]["z500"] == [None] * 5  # no anomaly, no correlation
-    assert [row["lead_days"] for row in document["headline"]] == [1, 1, 1, 1]
-    directory = era5_run / "forecast" / "test-ckpt_latest"
+    # A 1-day rollout's table: its leads (not only the 1-day one) for WeatherBench2's four channels.
+    assert document["headline_channels"] == ["z500", "t850", "t2m", "u10"]
+    assert [row["lead_hours"] for row in document["headline"]] == [6.0, 12.0, 18.0, 24.0] * 4
+    directory = era5_run / "forecast" / "test-ckpt_latest-lead1d-every6h"
     assert sorted(p.name for p in directory.iterdir()) == sorted(document["files"])
     assert {"scores.csv", "skill_vs_lead.png", "rollout_maps.png"} <= set(document["files"])
     rows = (directory / "scores.csv").read_text().splitlines()
@@ -70,7 +72,8 @@ def test_the_lead_1_rollout_scores_what_evaluate_scores_for_the_same_initial_tim
     document = dlscale.forecast(era5_run, split="valid", lead="6h", init="every:6h", init_count=1)
     assert document["initial_times"] == [document["initial_times"][0]]
     assert main(["evaluate", str(era5_run), "--set", "data.limit_nsamples_val=1"]) == 0
-    evaluated = json.loads((era5_run / "eval" / "valid-ckpt_latest" / "metrics.json").read_text())
+    (limited,) = (era5_run / "eval").glob("valid-ckpt_latest-set-*")  # the --set change names its directory
+    evaluated = json.loads((limited / "metrics.json").read_text())
     assert evaluated["samples"] == 1
     stds = ERA5Dataset(load_run_config(era5_run / "config.yaml", "tiny").data, "valid").stds
     for c, name in enumerate(document["channels"]):
@@ -108,7 +111,7 @@ def test_the_written_forecast_opens_in_xarray_lines_up_with_the_truth_and_equals
         era5_run, ForecastOptions(split="test", lead="12h", init="every:12h", write=fmt)
     )
     name = "forecast.nc" if fmt == "netcdf" else "forecast.zarr"
-    path = era5_run / "forecast" / "test-ckpt_latest" / name
+    path = era5_run / "forecast" / f"test-ckpt_latest-lead12h-{fmt}" / name
     opened = xarray.open_dataset(path, engine="h5netcdf") if fmt == "netcdf" else xarray.open_zarr(path)
     with opened as written:
         assert tuple(written["z500"].dims) == ("time", "prediction_timedelta", "latitude", "longitude")
@@ -136,7 +139,7 @@ def test_the_written_forecast_opens_in_xarray_lines_up_with_the_truth_and_equals
 
 def test_the_python_api_returns_what_scores_json_holds(era5_run):
     document = dlscale.forecast(str(era5_run), lead="1d", init="every:12h", init_count=3)
-    assert document == scores(era5_run)
+    assert document == scores(era5_run, "test-ckpt_latest-lead1d-init3")
     assert document["initial_time_count"] == 3
 
 
@@ -185,6 +188,24 @@ def test_a_workload_without_forecast_data_cannot_roll_out():
         workload.forecast_data(None, "test")
 
 
+def test_headline_channels_the_data_lacks_stop_the_forecast_before_it_rolls_out(
+    era5_run, tmp_path, monkeypatch, capsys
+):
+    target = tmp_path / "run"
+    (target / "checkpoints").mkdir(parents=True)
+    shutil.copy(era5_run / "config.yaml", target / "config.yaml")
+    shutil.copy(era5_run / "checkpoints" / "ckpt_latest.pt", target / "checkpoints" / "ckpt_latest.pt")
+    monkeypatch.setattr(ERA5Trajectories, "headline_channels", ("z500", "q700"), raising=False)
+    capsys.readouterr()
+    assert main(["forecast", str(target), "--lead", "6h"]) == 2
+    output = capsys.readouterr()
+    error = output.err.strip().splitlines()
+    assert len(error) == 1 and "ERA5Trajectories.headline_channels names 'q700'" in error[0], error
+    assert "their channels: u10, v10, t2m" in error[0]
+    assert "Forecasting with" not in output.out + output.err  # before the model is even loaded
+    assert not (target / "forecast").exists()
+
+
 def test_a_model_that_predicts_fewer_channels_than_it_reads_cannot_roll_out(tiny_era5):
     cfg = load_run_config(
         CONFIGS / "vit_era5.yaml", "tiny", [f"data.root={tiny_era5}", "data.n_out_channels=19"]
@@ -207,3 +228,43 @@ def test_dates_come_from_a_files_time_dataset_else_from_its_year(tiny_era5, tmp_
         np.datetime64("2020-03-01T06:00"),
         np.datetime64("2020-03-01T12:00"),
     ]
+
+
+# --- data.dt > 1: a model step is dt states of the files -----------------------------------------------------
+
+
+def test_with_dt_2_a_model_step_is_12_hours_and_lead_l_is_the_state_2l_indices_on(tiny_era5):
+    cfg = load_run_config(CONFIGS / "vit_era5.yaml", "tiny", [f"data.root={tiny_era5}", "data.dt=2"]).data
+    trajectories = ERA5Trajectories(cfg, "test")
+    assert (trajectories.hours_per_state, trajectories.step_hours) == (6.0, 12.0)
+    starts = trajectories.starts()
+    assert len(starts) == 24
+    assert starts[4].time == np.datetime64("1982-01-02T00:00")  # the states stay 6 h apart
+    picked = [starts[1], starts[4]]
+    assert [trajectories.reach(start) for start in picked] == [11, 9]  # to state 23 and to state 22, of 0..23
+    with h5py.File(tiny_era5 / "test" / "1982.h5", "r") as handle:
+        fields = handle["fields"][:, :20, :16, :32]
+    # Lead 9 of state 4 is state 22, which only a sample's target holds (the last input is state 21).
+    for lead in (0, 1, 3, 9):
+        expected = fields[[start.step + 2 * lead for start in picked]]
+        assert np.array_equal(trajectories.states(picked, lead).numpy(), expected), f"lead {lead}"
+
+
+def test_with_dt_2_the_forecast_scores_leads_12_hours_apart_against_the_truth_2l_states_on(
+    era5_run, tiny_era5
+):
+    options = ForecastOptions(split="test", lead="1d", init="every:12h", init_count=3)
+    result = forecast_checkpoint(era5_run, options, overrides=["data.dt=2"])
+    document = result.document
+    assert document["lead_hours"] == [0.0, 12.0, 24.0]
+    # Persistence at lead 2 (24 h) is the initial state's error against the state 4 indices (of 6 h) later.
+    initial = np.array([start.step for start in result.starts])
+    with h5py.File(tiny_era5 / "test" / "1982.h5", "r") as handle:
+        fields = handle["fields"][:, :20, :16, :32].astype(np.float64)
+    latitudes = ERA5Dataset(load_run_config(era5_run / "config.yaml", "tiny").data, "test").latitudes
+    weights = np.cos(np.deg2rad(latitudes))
+    weights = (weights / weights.mean()).reshape(1, 1, -1, 1)
+    error = (fields[initial + 4] - fields[initial]) ** 2 * weights
+    expected = np.sqrt(error.mean(axis=(-2, -1)).mean(axis=0))
+    got = [document["scores"]["persistence"]["rmse"][name][2] for name in document["channels"]]
+    np.testing.assert_allclose(got, expected, rtol=1e-5)

@@ -49,10 +49,10 @@ def test_the_command_imports_and_prints_the_training_command(arco_of_synthetic, 
     assert "import-era5: wrote 4 year files (0 kept from an earlier run)" in printed
     assert "peak memory" in printed and "GB/s" in printed
     assert (
-        f"next step: dlscale train --yaml_config configs/vit_era5.yaml --config short --set data.root={out} "
+        f"next step: dlscale train --yaml_config configs/vit_era5.yaml --config tiny --set data.root={out} "
         "--set 'data.img_size=[16,32]' --set data.n_in_channels=20 --set data.n_out_channels=20"
-    ) in printed
-    assert "multiples of 8 up to [16, 32]" in printed
+    ) in printed  # the tiny config is made for this 16 x 32 grid (tests/unit/test_era5_next_step.py: others)
+    assert "multiples of 4 up to [16, 32]" in printed
     assert (
         main(["data", "import-era5", str(arco_of_synthetic), "--out", str(out), "--split", SYNTH_SPLIT]) == 0
     )
@@ -109,15 +109,6 @@ def test_training_on_an_imported_store_equals_training_on_the_same_fields_writte
     through_import = train_on(imported, tmp_path / "imported_runs")
     assert len(direct[0]) == 8 and len(direct[1]) == 2  # 2 epochs of 4 steps
     assert through_import == direct
-
-
-def test_the_next_step_crops_the_grid_to_the_patch_size():
-    from dlscale.commands.data import next_step_lines
-
-    command, sizes = next_step_lines(Path("/data/era5"), 721, 1440, 20, 8)
-    assert "--set 'data.img_size=[720,1440]'" in command and "up to [720, 1440]" in sizes
-    assert "--set 'data.img_size=[32,64]'" in next_step_lines(Path("wb2"), 32, 64, 20, 8)[0]
-    assert "smaller than the ViT's patch" in next_step_lines(Path("x"), 4, 64, 20, 8)[0]
 
 
 DOCUMENTED = (REPO / "README.md", REPO / "docs" / "your-era5.md")

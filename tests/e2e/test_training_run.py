@@ -6,6 +6,7 @@ import json
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -89,6 +90,9 @@ def test_run_writes_logs_config_checkpoints_tensorboard_and_figures(tiny_config)
     assert summary["global_step"] == summary["total_steps"] == 2 * (46 // 4)
     assert summary["final"]["headline"] == "RMSE(u10m)"
     assert summary["final"]["baseline_headline"] > 0
+    # each row says the headline's unit and the scale to it (the loss figure draws RMSE(u10m) in m/s)
+    unit, scale = summary["history"][-1]["headline_unit"]
+    assert unit == "m/s" and scale == pytest.approx(float(np.load(cfg.data.path("global_stds_path")).flat[0]))
 
     assert (directory / "checkpoints" / "ckpt_latest.pt").is_file()
     assert (directory / "checkpoints" / "ckpt_best.pt").is_file()

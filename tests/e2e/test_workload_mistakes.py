@@ -215,12 +215,13 @@ def test_a_mistake_in_the_workload_is_one_line_naming_its_file_and_line_and_exit
 ):
     module = "mine_" + re.sub(r"\W", "_", request.node.callspec.id)
     config = write_workload(tmp_path, monkeypatch, module, **replacements)
+    monkeypatch.chdir(tmp_path)  # the user's project directory: messages show their files relative to it
     assert train(config, tmp_path) == 2
     message = one_error_line(capsys)
     for word in words:
         assert word in message, message
     module_file = tmp_path / f"{module}.py"
-    assert f"{module_file}:{line_of(module_file, line_text)}" in message, message
+    assert f" {module_file.name}:{line_of(module_file, line_text)}" in message, message
     assert not list((tmp_path / "runs").rglob("*.pt")), "no checkpoint before the check passed"
     assert not list((tmp_path / "runs").rglob("summary.json"))
 

@@ -63,7 +63,7 @@ def test_tune_is_callable_after_train_in_one_process_and_checks_its_arguments_fi
     (tmp_path / "api_names_line.py").write_text(LINE_MODULE)
     (tmp_path / "line.yaml").write_text(LINE_CONFIG)
     monkeypatch.syspath_prepend(str(tmp_path))
-    summary = dlscale.train(None, tmp_path / "line.yaml", "base", expdir=str(tmp_path / "runs"))
+    summary = dlscale.train(tmp_path / "line.yaml", "base", expdir=str(tmp_path / "runs"))
     assert summary["final"]["val_loss"] is not None
     assert callable(dlscale.tune) and dlscale.tune.__module__ == "dlscale.api"
 

@@ -26,7 +26,7 @@ from dlscale.perf.bench.report import (
     interval_line,
     summary_record,
 )
-from dlscale.perf.bench.sweep import SweepSpec, flags_not_swept, parse_sweep, sweep_points
+from dlscale.perf.bench.sweep_points import SweepSpec, flags_not_swept, parse_sweep, sweep_points
 from dlscale.perf.bench.trials import run_trials
 from dlscale.run.bench import default_bench_path, run_benchmark, switched_on_knobs
 from dlscale.runtime.device import Device

@@ -81,22 +81,22 @@ def bars(figure):
     return axis, list(axis.patches)
 
 
-def test_the_figure_draws_a_bar_per_channel_in_percent_red_where_the_baseline_wins():
+def test_the_figure_draws_a_bar_per_channel_as_a_fraction_red_where_the_baseline_wins():
     skill = skill_of([0.5, 3.0, 1.0], [2.0, 1.5, 4.0], channels=("u10", "sp", "t2m"))
     axis, drawn = bars(skill_figure(skill, "epoch 6"))
-    assert [round(bar.get_height(), 6) for bar in drawn] == [75.0, -100.0, 75.0]
+    assert [round(bar.get_height(), 6) for bar in drawn] == [0.75, -1.0, 0.75]
     assert [to_hex(bar.get_facecolor()) for bar in drawn] == [BLUE, RED, BLUE]
     assert [label.get_text() for label in axis.get_xticklabels()] == ["u10", "sp", "t2m"]
-    assert sorted(text.get_text() for text in axis.texts) == ["-100", "75", "75"]
+    assert sorted(text.get_text() for text in axis.texts) == ["+0.75", "+0.75", "-1.00"]  # as the log writes
     assert "1 of 3 channels does not beat persistence" in axis.get_title()
-    assert axis.get_ylim()[1] == 100.0 and "%" in axis.get_ylabel()
+    assert axis.get_ylim()[1] == 1.0 and "%" not in axis.get_ylabel() + axis.get_title()
 
 
 def test_a_very_bad_channel_is_cut_at_the_axis_with_its_value_written():
     axis, drawn = bars(skill_figure(skill_of([10.0, 1.0], [1.0, 2.0])))
     assert axis.get_ylim()[0] == LOWEST_SKILL_SHOWN
     assert drawn[0].get_height() == LOWEST_SKILL_SHOWN
-    assert "-900" in [text.get_text() for text in axis.texts]
+    assert "-9.00" in [text.get_text() for text in axis.texts]
 
 
 @pytest.mark.parametrize("with_skill", [True, False])

@@ -248,6 +248,24 @@ def test_an_interrupted_import_resumes_skipping_finished_years(arco, truth, tmp_
     assert run_import(arco, out).already_complete
 
 
+def test_finished_training_years_reread_in_blocks_shorter_than_a_year_count_each_step_once(
+    arco, truth, tmp_path
+):
+    out = tmp_path / "out"
+    run_import(arco, out)
+    (out / "manifest.json").rename(out / "import.json")  # as if stopped after both training years
+    for unfinished in ("valid/1981.h5", "test/1982.h5"):
+        (out / unfinished).unlink()
+    for name in ("global_means.npy", "global_stds.npy", "time_means.npy"):
+        (out / "stats" / name).unlink()
+    step_mb = len(ERA5_CHANNELS) * HEIGHT * WIDTH * 4 / 2**20
+    # Blocks of 3 steps: each finished year of 8 steps is read back as 3 + 3 + 2, with two block boundaries.
+    result = run_import(arco, out, block_mb=3.5 * step_mb)
+    assert result.skipped == ["train/1979.h5", "train/1980.h5"]
+    assert result.written == ["valid/1981.h5", "test/1982.h5"]
+    assert_imported(out, truth)  # the statistics come from the reread years alone
+
+
 def test_a_finished_year_that_no_longer_matches_the_source_is_refused(arco, truth, times, tmp_path):
     out = tmp_path / "out"
     run_import(arco, out, split="1979:train,1980:valid")

@@ -210,8 +210,8 @@ def test_the_document_is_strict_json_and_the_csv_has_a_row_per_metric_and_class(
     text = to_json(document)
     assert json.loads(text)["classes"]["accuracy"] == [0.75, 1.0, None]  # NaN is null
     rows = list(csv.reader(io.StringIO(metrics_csv(document))))
-    assert rows[0] == ["metric", "value", "baseline"]
-    assert rows[1:3] == [["loss", "0.5", ""], ["accuracy", repr(5 / 6), repr(4 / 6)]]
+    assert rows[0] == ["metric", "value", "baseline", "unit"]
+    assert rows[1:3] == [["loss", "0.5", "", ""], ["accuracy", repr(5 / 6), repr(4 / 6), ""]]
     assert [row[0] for row in rows[3:]] == ["accuracy/a", "accuracy/b", "accuracy/c"]
     assert float(rows[3][1]) == 0.75
 

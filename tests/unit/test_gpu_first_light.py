@@ -260,8 +260,10 @@ def test_the_whole_call_rehearsed_on_the_cpu(tmp_path: Path):
     argv = [
         sys.executable, str(BENCHMARKS / "gpu_first_light.py"), "--rehearse", "--budget", "95",
         "--out", str(out), "--scratch", str(tmp_path / "scratch"),
-        # compile's rung is the same ladder.py run with other switches (checked above); left out for time
-        "--ladder-rungs", "baseline,fused,compile_graphs", "--tune-minutes", "0.2",
+        # compile's rung is the same ladder.py run with other switches (checked above), and the tune part is
+        # `dlscale tune` (tests/e2e/test_tune_cli.py) with a time cap: both left out for the suite's time
+        "--ladder-rungs", "baseline,fused,compile_graphs",
+        "--parts", "env,tests,data,attention,ladder,train,forecast",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "2"}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=400)
@@ -269,13 +271,10 @@ def test_the_whole_call_rehearsed_on_the_cpu(tmp_path: Path):
     statuses = {name: part["status"] for name, part in record["parts"].items()}
     assert statuses == {
         "env": "ok", "tests": "ok", "data": "ok", "attention": "ok", "ladder": "ok", "train": "ok",
-        "forecast": "ok", "tune": statuses["tune"],
+        "forecast": "ok",
     }, done.stdout[-3000:]  # fmt: skip
-    assert statuses["tune"] in ("ok", "skipped")  # it gets the time the others left
-    assert done.returncode == (0 if statuses["tune"] == "ok" else 1)
+    assert done.returncode == 0
     parts = record["parts"]
-    if statuses["tune"] == "ok":
-        assert parts["tune"]["budget_minutes"] == 0.2 and parts["tune"]["record"]["start"]
     assert parts["tests"]["counts"]["skipped"] >= 19 and parts["tests"]["counts"]["failed"] == 0
     rows = {row["rung"]: row for row in parts["ladder"]["ladder"]["rungs"]}
     assert rows["compile_graphs"]["skipped"] == "needs a CUDA GPU" and rows["fused"]["FULL"]["trials"]

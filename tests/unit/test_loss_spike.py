@@ -47,6 +47,14 @@ def test_the_median_covers_the_last_window_of_losses_only():
     assert bool(watch.is_spike(torch.tensor(11.0)))
 
 
+def test_one_hard_batch_in_the_window_does_not_raise_the_bar():
+    watch = LossSpikeWatch(CPU, factor=100, window=5)
+    feed(watch, [1.0, 1.0, 1.0, 1.0, 90.0])  # 90 is under 100 x 1: a hard batch, accepted
+    # The median of the window stays 1, so 150 is a spike; their mean (18.8) would set the bar at 1880.
+    watch.record(torch.tensor(150.0), 5)
+    assert watch.poll() == (5, 150.0, 1.0)
+
+
 def test_non_finite_losses_are_the_nan_checks_business_and_never_enter_the_history():
     watch = LossSpikeWatch(CPU, factor=100, window=5)
     feed(watch, [1.0, float("nan"), float("inf")])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -185,12 +187,19 @@ def test_several_records_at_one_count_are_pooled_and_noted(tmp_path, tiny_config
     two = study.points[1]
     assert two.ddp.runs == 2 and two.ddp.mean == pytest.approx(190.0) and two.ddp.std == pytest.approx(10.0)
     assert any("2 GPU(s) ddp: averaged 2 runs" in note and "c.json" in note for note in study.notes)
-    # pooled trials 180, 180, 200, 200: standard error 5.774, t(3) = 3.182, so +- 18.4; the speed-up's Welch
-    # interval over the exact baseline is the same relative width, and the efficiency's is half of it (B / N)
+    # pooled trials 180, 180, 200, 200: standard error 5.774, t(3) = 3.182, so +- 18.4
     assert two.ddp.low == pytest.approx(190.0 - 3.182 * 20 / 3**0.5 / 2, abs=0.01)
-    assert two.speedup_interval == pytest.approx((two.ddp.low / 100, two.ddp.high / 100), abs=1e-4)
-    assert two.efficiency_interval == pytest.approx((two.ddp.low / 200, two.ddp.high / 200), abs=1e-4)
-    row = "| 2 | 4 | 8 | 2 | 190.0 +- 18.4 (95% CI, 4 trials) | 200.0 | 1.90x (1.72x to 2.08x) | 95.0% (85.8% to 104.2%) |"
+    # the speed-up's interval is Welch's on the logarithms over the exact baseline (t(3) again), never negative;
+    # the efficiency's is the same scaled by B / N
+    logs = [math.log(v) for v in (180.0, 180.0, 200.0, 200.0)]
+    half = 3.182 * math.sqrt(statistics.variance(logs) / 4)
+    speedup = (math.exp(statistics.mean(logs) - half) / 100, math.exp(statistics.mean(logs) + half) / 100)
+    assert two.speedup_interval == pytest.approx(speedup, abs=1e-4)
+    assert two.efficiency_interval == pytest.approx((speedup[0] / 2, speedup[1] / 2), abs=1e-4)
+    row = (
+        f"| 2 | 4 | 8 | 2 | 190.0 +- 18.4 (95% CI, 4 trials) | 200.0 | 1.90x ({speedup[0]:.2f}x to {speedup[1]:.2f}x) | "
+        f"95.0% ({speedup[0] / 2:.1%} to {speedup[1] / 2:.1%}) |"
+    )
     assert row in scaling_table(study)
 
 

@@ -142,6 +142,34 @@ def test_a_failed_write_names_the_directory_and_keeps_the_previous_checkpoint(tm
     assert load_checkpoint(checkpoints.latest_path)["progress"]["global_step"] == 1
 
 
+class KilledBeforeTheHeader(BaseException):
+    """A kill -9 between the shards and the header, raised where the header would be written."""
+
+
+def test_a_kill_before_the_header_leaves_the_pointers_on_the_previous_complete_checkpoint(
+    tmp_path, monkeypatch
+):
+    from dlscale.checkpoint import sharded_writer
+
+    checkpoints = save(tmp_path, [1], best=(1,))
+
+    def killed(directory, header):
+        raise KilledBeforeTheHeader
+
+    monkeypatch.setattr(sharded_writer, "write_header", killed)
+    writer = ShardedCheckpointWriter(checkpoints, is_main=True, asynchronous=False, device=CPU)
+    with pytest.raises(KilledBeforeTheHeader):
+        writer.save(tensors(2), header(2), 2, is_best=True)
+    interrupted = tmp_path / "ckpt_step00000002"
+    assert (interrupted / DCP_METADATA_NAME).is_file() and not is_complete(interrupted)  # no header
+    # Neither pointer moved to the incomplete directory: both still load step 1.
+    assert (
+        checkpoints.latest_path.resolve().name == checkpoints.best_path.resolve().name == "ckpt_step00000001"
+    )
+    assert load_checkpoint(checkpoints.latest_path)["progress"]["global_step"] == 1
+    assert load_checkpoint(checkpoints.best_path)["progress"]["global_step"] == 1
+
+
 def test_the_newer_of_a_file_and_a_sharded_latest_checkpoint_is_read(tmp_path):
     checkpoints = save(tmp_path, [2])
     assert checkpoints.latest_path.name == "ckpt_latest"

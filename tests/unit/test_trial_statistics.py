@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -53,21 +54,48 @@ def test_mean_interval_of_one_trial_is_infinite_and_of_none_raises() -> None:
         mean_interval([])
 
 
-def test_welch_interval_by_hand() -> None:
-    # candidate mean 112, var 4; incumbent mean 101, var 1; Welch df 2.94 -> t(2) = 4.303
-    comparison = compare_throughputs([110.0, 112.0, 114.0], [100.0, 101.0, 102.0])
-    half = 4.303 * math.sqrt(4 / 3 + 1 / 3)
-    assert comparison.ratio == pytest.approx(112 / 101)
-    assert comparison.low == pytest.approx(1 + (11 - half) / 101)
-    assert comparison.high == pytest.approx(1 + (11 + half) / 101)
+def test_speed_up_interval_is_welch_on_the_logarithms_by_hand() -> None:
+    candidate, incumbent = [110.0, 112.0, 114.0], [100.0, 101.0, 102.0]
+    logs_c, logs_i = [math.log(v) for v in candidate], [math.log(v) for v in incumbent]
+    se_c, se_i = statistics.variance(logs_c) / 3, statistics.variance(logs_i) / 3
+    welch_df = (se_c + se_i) ** 2 / (se_c**2 / 2 + se_i**2 / 2)
+    assert 3 <= welch_df < 4  # -> t(3) = 3.182
+    difference, half = statistics.mean(logs_c) - statistics.mean(logs_i), 3.182 * math.sqrt(se_c + se_i)
+    comparison = compare_throughputs(candidate, incumbent)
+    assert comparison.ratio == pytest.approx(
+        statistics.geometric_mean(candidate) / statistics.geometric_mean(incumbent)
+    )
+    assert comparison.low == pytest.approx(math.exp(difference - half))
+    assert comparison.high == pytest.approx(math.exp(difference + half))
     assert comparison.outcome == "faster"
+
+
+def test_a_noisy_slow_speed_up_has_a_positive_interval_equal_to_the_verdicts_ratio_interval() -> None:
+    # The case: a candidate whose two trials scatter widely, "FULL 0.17x (95% CI -0.15x-0.48x)" on the
+    # linear scale.
+    candidate, incumbent = [10.0, 24.0], [100.0, 101.0]
+    assert mean_interval(candidate).low < 0  # where the linear interval's lower bound came from
+    comparison = compare_throughputs(candidate, incumbent)
+    interval = ratio_interval(candidate, incumbent)
+    expected = (interval.ratio, interval.low, interval.high)
+    assert (comparison.ratio, comparison.low, comparison.high) == expected
+    assert 0 < comparison.low < comparison.ratio < comparison.high
+    assert comparison.outcome == "within noise"  # the interval reaches above 1: two trials cannot tell
+    text = comparison.describe()
+    assert "-0." not in text and text.startswith(f"{interval.ratio:.2f}x (95% CI ")
+
+
+def test_a_small_bound_is_printed_with_significant_digits() -> None:
+    comparison = compare_throughputs([3.0, 5.0, 4.0], [100.0, 101.0, 99.0])
+    assert comparison.outcome == "slower" and comparison.low < 0.1
+    assert f"95% CI {comparison.low:.2g}x-" in comparison.describe()
 
 
 def test_clearly_faster() -> None:
     comparison = compare_throughputs([130.0, 131.0, 129.0], [100.0, 101.0, 99.0])
     assert comparison.outcome == "faster"
-    assert comparison.ratio == pytest.approx(1.3)
-    assert 1 < comparison.low < 1.3 < comparison.high
+    assert comparison.ratio == pytest.approx(1.3, rel=1e-4)
+    assert 1 < comparison.low < comparison.ratio < comparison.high
     assert not comparison.could_gain
     assert comparison.describe().endswith(": faster")
 
@@ -103,8 +131,8 @@ def test_faster_beyond_noise_but_below_min_gain_is_within_noise() -> None:
 def test_a_single_trial_is_within_noise_with_an_infinite_interval() -> None:
     comparison = compare_throughputs([130.0], [100.0, 101.0, 99.0])
     assert comparison.outcome == "within noise"
-    assert (comparison.low, comparison.high) == (-math.inf, math.inf)
-    assert comparison.ratio == pytest.approx(1.3)
+    assert (comparison.low, comparison.high) == (0.0, math.inf)  # no bound, and still no negative one
+    assert comparison.ratio == pytest.approx(130 / statistics.geometric_mean([100.0, 101.0, 99.0]))
     assert comparison.could_gain  # a second measurement could confirm it
     assert "too few trials" in comparison.describe()
     assert compare_throughputs([130.0, 131.0], [100.0]).outcome == "within noise"

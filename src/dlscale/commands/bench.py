@@ -14,29 +14,26 @@ import logging
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dlscale import api
 from dlscale.commands.flags import CONFIG_FLAGS, config_flag_values
 from dlscale.config import RunConfig, load_run_config
-from dlscale.perf.bench.sweep import (
+from dlscale.perf.bench.sweep_points import (
     Point,
+    SweepSpec,
     file_slug,
     flags_not_swept,
     parse_sweep,
     point_overrides,
-    run_sweep,
     sweep_points,
-    sweep_table,
-    write_sweep_outputs,
 )
-from dlscale.perf.bench.trials import BenchResults
 from dlscale.report.run_dir import run_directory, setup_logging
-from dlscale.run.bench import bench_one_config, default_sweep_dir
-from dlscale.run.process_group import distributed_run
-from dlscale.runtime.device import Device
-from dlscale.runtime.distributed import share_text_from_main
 from dlscale.runtime.launch import detect_process
 from dlscale.version import __version__
+
+if TYPE_CHECKING:
+    from dlscale.perf.bench.trials import BenchResults
+    from dlscale.runtime.device import Device
 
 log = logging.getLogger("dlscale.bench")
 
@@ -60,34 +57,52 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    """Run the trials (or the sweep) on every rank of the launch; 0 when they completed."""
+    """Run the trials (or the sweep) on every rank of the launch; 0 when they completed.
+
+    The config, and with --sweep every point's config, is resolved before torch is imported: a bad value fails
+    in a fraction of a second, not after torch's import or hours of trials.
+    """
     process = detect_process()
     # Console logging from the start, so that messages before the first run directory exists are formatted.
     setup_logging(None, enabled=process.is_main)
     flags = config_flag_values(args)
     base = load_run_config(args.yaml_config, args.config, args.set, flags)
     if not args.sweep:
+        from dlscale import api
+
         output = Path(args.output).expanduser().resolve() if args.output else None
         api.bench_config(base, output, command_line(args))
         return 0
-    device = Device.select(process.local_rank)
-    with distributed_run(process, device, base.parallel.timeout_s) as ending:
-        status = _run_bench(args, base, flags, device)
-        ending.alike = True
-        return status
-
-
-def _run_bench(args: argparse.Namespace, base: RunConfig, flags: dict[str, object], device: Device) -> int:
-    """The trials of every point of the command line's sweep over ``base``."""
-    command = command_line(args)
-    output = Path(args.output).expanduser().resolve() if args.output else None
     specs = [parse_sweep(text) for text in args.sweep]
     flags = flags_not_swept(flags, specs)
-    # Every point's config is resolved before any trial runs: a bad value fails in seconds, not after hours.
     configs = {
         point: load_run_config(args.yaml_config, args.config, [*args.set, *point_overrides(point)], flags)
         for point in sweep_points(specs)
     }
+    from dlscale.run.process_group import distributed_run
+    from dlscale.runtime.device import Device
+
+    device = Device.select(process.local_rank)
+    with distributed_run(process, device, base.parallel.timeout_s) as ending:
+        status = _run_bench(args, base, specs, configs, device)
+        ending.alike = True
+        return status
+
+
+def _run_bench(
+    args: argparse.Namespace,
+    base: RunConfig,
+    specs: list[SweepSpec],
+    configs: dict[Point, RunConfig],
+    device: Device,
+) -> int:
+    """The trials of every point of the command line's sweep over ``base`` (``configs``: each point's)."""
+    from dlscale.perf.bench.sweep import run_sweep, sweep_table, write_sweep_outputs
+    from dlscale.run.bench import bench_one_config, default_sweep_dir
+    from dlscale.runtime.distributed import share_text_from_main
+
+    command = command_line(args)
+    output = Path(args.output).expanduser().resolve() if args.output else None
     combined = output
     if combined is None:  # rank 0's clock names the folder, so that every rank writes into the same one
         keys = [s.key.split(".")[-1] for s in specs]

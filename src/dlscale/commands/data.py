@@ -11,7 +11,7 @@ import shlex
 import time
 from pathlib import Path
 
-from dlscale.data.era5.synth import existing_spec, spec_from_preset, write_synthetic_era5
+from dlscale.commands.era5_next_step import next_step_lines
 from dlscale.data.synth_output import MANIFEST
 from dlscale.report.run_dir import setup_logging
 
@@ -35,6 +35,8 @@ def run_data(args: argparse.Namespace) -> int:
         out = module.generate(Path(args.out), args.preset, args.seed, args.if_missing, progress=log.info)
         log.info("%s: %s ready in %.1f s", args.generator, out, time.perf_counter() - started)
         return 0
+    from dlscale.data.era5.synth import existing_spec, spec_from_preset, write_synthetic_era5
+
     out = Path(args.out)
     spec = spec_from_preset(
         args.preset,
@@ -73,7 +75,6 @@ def run_import_era5(args: argparse.Namespace) -> int:
     from dlscale.data.era5.importing.importer import ImportRequest, default_readers, import_era5
     from dlscale.data.era5.importing.names import parse_channels
     from dlscale.data.era5.importing.plan import DEFAULT_SPLIT
-    from dlscale.models.vit_config import ViTConfig
 
     setup_logging(None)
     request = ImportRequest(
@@ -108,33 +109,6 @@ def run_import_era5(args: argparse.Namespace) -> int:
             result.gb_per_s,
             result.peak_rss_bytes / 1e6,
         )
-    for line in next_step_lines(
-        request.out, result.height, result.width, len(result.channels), ViTConfig().patch_size
-    ):
+    for line in next_step_lines(request.out, result.height, result.width, len(result.channels)):
         log.info("%s", line)
     return 0
-
-
-def next_step_lines(out: Path, height: int, width: int, channels: int, patch_size: int) -> list[str]:
-    """The `dlscale train` command for an imported data set, and which img_size values its grid allows."""
-    crop = (height // patch_size * patch_size, width // patch_size * patch_size)
-    if crop[0] == 0 or crop[1] == 0:
-        return [
-            f"import-era5: the {height} x {width} grid is smaller than the ViT's patch ({patch_size}); "
-            "set a smaller model.patch_size to train on it"
-        ]
-    settings = [
-        f"data.root={out}",
-        f"data.img_size=[{crop[0]},{crop[1]}]",
-        f"data.n_in_channels={channels}",
-        f"data.n_out_channels={channels}",
-    ]
-    command = "dlscale train --yaml_config configs/vit_era5.yaml --config short " + " ".join(
-        f"--set {shlex.quote(setting)}" for setting in settings
-    )
-    return [
-        f"import-era5: next step: {command}",
-        f"import-era5: img_size crops [H, W] from the top-left of the {height} x {width} grid (north-west "
-        f"corner); with model.patch_size={patch_size} both must be multiples of {patch_size} up to "
-        f"[{crop[0]}, {crop[1]}] (the largest, used above); another patch size p needs multiples of p",
-    ]

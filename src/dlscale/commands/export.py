@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import argparse
 
-from dlscale.api import export
+from dlscale.commands.trained_run_checks import check_checkpoint_target
 
 
 def run_export_command(args: argparse.Namespace) -> int:
-    """Export, print what was written; 0 on success (bad input raises a DlscaleError: one line, exit 2)."""
+    """Export, print what was written; 0 on success (bad input raises a DlscaleError: one line, exit 2).
+
+    The run directory and --checkpoint are checked before the export's machinery (and torch) is imported.
+    """
+    check_checkpoint_target(args.source, args.checkpoint, "export")
+    from dlscale.api import export
+
     summary = export(args.source, args.out, checkpoint=args.checkpoint, force=args.force)
     for line in summary.lines():
         print(line)

@@ -9,11 +9,12 @@ host alone and says so.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
-from dlscale.perf.monitor.observer import MetricsCsv
+from dlscale.errors import InvalidValue
 from dlscale.perf.monitor.sampler import NO_GPU_MESSAGE, MetricsSampler, Sample
 from dlscale.runtime.gpu_metrics import open_gpu_backend
 
@@ -49,10 +50,13 @@ def format_table(sample: Sample, gpu_library: str | None) -> str:
 
 
 def run_monitor_command(args: argparse.Namespace) -> int:
-    """Print the table once, ``--count`` times, or until Ctrl-C; exit status 0 in every case."""
-    if args.interval <= 0:
-        print(f"dlscale monitor: --interval must be > 0 seconds, got {args.interval}", file=sys.stderr)
-        return 2
+    """Print the table once, ``--count`` times, or until Ctrl-C; 0 then (bad options: a DlscaleError, exit 2)."""
+    if not (args.interval > 0 and math.isfinite(args.interval)):
+        raise InvalidValue("--interval", f"must be a number of seconds > 0, got {args.interval}")
+    if args.count is not None and args.count < 1:
+        raise InvalidValue("--count", f"must be a number of refreshes >= 1, got {args.count}")
+    from dlscale.perf.monitor.observer import MetricsCsv  # imports torch: after the options are checked
+
     backend = open_gpu_backend()
     sampler = MetricsSampler(backend)
     csv_file = MetricsCsv(Path(args.csv)) if args.csv else None

@@ -16,6 +16,9 @@ from dlscale.perf.bench.scaling import MODES
 # --mode of ``dlscale scaling``; the analysis (dlscale.perf.bench.scaling) checks a mode given from Python with it.
 DEFAULT_SCALING_OUT = Path("scaling")
 DEFAULT_GPU_MEMORY_GB = 80.0
+# --preset of every `dlscale data synth-*`: the names of each generator's PRESETS, given to the parser so that a
+# wrong one is refused before a generator (some import torch) is (tests/unit/test_early_errors.py compares them).
+SYNTH_PRESETS = ("tiny", "demo", "full")
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,6 +134,12 @@ def add_trained_config_changes(parser: argparse.ArgumentParser, example: str) ->
 
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``dlscale evaluate``."""
+    parser.epilog = (
+        "Writes RUN_DIR/eval/<split>-<checkpoint>/ (e.g. eval/test-ckpt_latest/); --set changes that can change "
+        "the numbers add -set-<hash> (e.g. eval/valid-ckpt_latest-set-1a2b3c4d/), so evaluations with other "
+        "settings stay beside it (those of the parallel and loader sections do not: they change how, not what). "
+        "The same command again replaces its own directory, and says so. metrics.json records the options."
+    )
     add_checkpoint_choice(parser, "target")
     parser.add_argument(
         "--split",
@@ -143,6 +152,14 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``dlscale forecast`` (see dlscale.run.forecast_times for --lead and --init)."""
+    parser.epilog = (
+        "Writes RUN_DIR/forecast/<split>-<checkpoint>/ (e.g. forecast/test-ckpt_latest/) with the default options; "
+        "each option that differs adds a part, e.g. forecast/test-ckpt_latest-lead2d-every1d-init8-netcdf-set-"
+        "1a2b3c4d/ for --lead 2d (or 48h) --init every:1d --init-count 8 --write netcdf and --set changes "
+        "(--batch-size, and --set keys of the parallel and loader sections, add nothing: they change how, not "
+        "what). So forecasts with other options stay beside it; the same command again replaces its own "
+        "directory, and says so. scores.json records the options."
+    )
     add_checkpoint_choice(parser, "target")
     parser.add_argument(
         "--split", default="test", help="the held-out split to start from: test (default) or valid"

@@ -21,20 +21,19 @@ from __future__ import annotations
 import argparse
 import math
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlscale.config import load_run_config
 from dlscale.config.run_config import RunConfig
 from dlscale.errors import InvalidValue
 from dlscale.models.vit_config import ViTConfig
-from dlscale.perf.plan.layout_check_report import layout_check_document, layout_check_report
-from dlscale.perf.plan.layout_cost import GIB, Layout, ModelShape, TrainingSettings, count_parameters_per_gpu
-from dlscale.perf.plan.layouts import LayoutEstimate, Plan, model_shape_of, plan, tutorial_comparisons
-from dlscale.perf.plan.traced_report import TracedPlanContext, traced_plan_document, traced_plan_report
-from dlscale.run.config_plan import layout_check_of, traced_plan_of
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
 from dlscale.workloads.protocol import Workload
+
+if TYPE_CHECKING:
+    from dlscale.perf.plan.layout_cost import ModelShape, TrainingSettings
+    from dlscale.perf.plan.layouts import LayoutEstimate, Plan
 
 COLUMNS = (
     f"  {'rank':>4}  {'dp':>2} {'tp':>2} {'cp':>2}  {'batch':>5}  {'params/GPU':>11}  {'states':>6}  "
@@ -52,16 +51,26 @@ REPORT_WIDTH = 110
 
 
 def run_plan_command(args: argparse.Namespace) -> int:
-    """Estimate every layout, print the ranked table, optionally write the JSON; 0 on success."""
+    """Estimate every layout, print the ranked table, optionally write the JSON; 0 on success.
+
+    The options and the config are checked before the cost models (which import torch) are.
+    """
     if args.gpus < 1:
         raise InvalidValue("--gpus", f"must be a whole number of GPUs >= 1, got {args.gpus}")
     if not (args.gpu_memory_gb > 0 and math.isfinite(args.gpu_memory_gb)):
         raise InvalidValue("--gpu_memory_gb", f"must be a number of GB > 0, got {args.gpu_memory_gb}")
+    if args.check_layout and not 0 <= args.rank < args.gpus:
+        raise InvalidValue(
+            "--rank", f"must be one of the --gpus {args.gpus} ranks, 0..{args.gpus - 1}, got {args.rank}"
+        )
     cfg = load_run_config(args.yaml_config, args.config, args.set, {})
     if args.check_layout:
         return run_layout_check(args, cfg)
     if not isinstance(cfg.model, ViTConfig):
         return run_traced_plan(args, cfg)
+    from dlscale.perf.plan.layout_cost import TrainingSettings
+    from dlscale.perf.plan.layouts import model_shape_of, plan
+
     shape = model_shape_of(cfg)
     settings = TrainingSettings.from_run_config(cfg)
     result = plan(
@@ -83,6 +92,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
 def run_traced_plan(args: argparse.Namespace, cfg: RunConfig) -> int:
     """The data-parallel plan of a workload without an analytic cost model, from a trace of its step."""
+    from dlscale.perf.plan.traced_report import TracedPlanContext, traced_plan_document, traced_plan_report
+    from dlscale.run.config_plan import traced_plan_of
+
     planned = traced_plan_of(cfg, args.gpus, args.gpu_memory_gb)
     result, workload = planned.plan, planned.workload
     context = TracedPlanContext(
@@ -105,6 +117,9 @@ def run_traced_plan(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 def run_layout_check(args: argparse.Namespace, cfg: RunConfig) -> int:
     """Build one rank of the config's layout on --gpus fake ranks; print it, and optionally its JSON."""
+    from dlscale.perf.plan.layout_check_report import layout_check_document, layout_check_report
+    from dlscale.run.config_plan import layout_check_of
+
     check = layout_check_of(cfg, args.gpus, args.rank)
     for line in layout_check_report(check, f"config {cfg.name!r} ({cfg.source})"):
         print(line)
@@ -130,11 +145,15 @@ def model_parallel_line(workload: Workload, cfg: RunConfig) -> str:
 
 
 def _gb(value: int) -> str:
+    from dlscale.perf.plan.layout_cost import GIB
+
     return f"{value / GIB:.2f}"
 
 
 def caveat() -> str:
     """What the estimate leaves out, with how far below the tutorial's measurements it comes out."""
+    from dlscale.perf.plan.layouts import tutorial_comparisons
+
     runs = ", ".join(
         f"{c.estimated_gb:.2f} GB where the GPU showed {c.measured_gb:g} GB at tp={c.tp}"
         for c in tutorial_comparisons()
@@ -185,6 +204,8 @@ def describe_requested(result: Plan) -> str:
 
 def plan_report(result: Plan, shape: ModelShape, settings: TrainingSettings, source: str) -> list[str]:
     """The printed plan: the model, the three groups of layouts, the requested layout, the legend."""
+    from dlscale.perf.plan.layout_cost import Layout, count_parameters_per_gpu
+
     parameters = count_parameters_per_gpu(shape, settings, Layout(1, 1, 1)).local
     height, width = shape.img_size
     lines = [
@@ -231,6 +252,8 @@ def plan_document(
     result: Plan, shape: ModelShape, settings: TrainingSettings, config_name: str, source: str
 ) -> dict[str, Any]:
     """The plan as JSON: inputs, every row in ranked order (with its rank), the requested layout."""
+    from dlscale.perf.plan.layout_cost import GIB
+
     requested = result.requested
     return {
         "config": config_name,

@@ -16,15 +16,14 @@ import sys
 from pathlib import Path
 
 from dlscale.commands.flags import config_flag_values
+from dlscale.config import load_run_config
 from dlscale.errors import InvalidValue
 from dlscale.tuning.climb import TuneOptions
 from dlscale.tuning.knobs import SETTING_KEYS, tunable_key
-from dlscale.tuning.run_backend import ConfigSource, TrialLengths
-from dlscale.tuning.session import default_out, run_tune
 
 
-def tune_options(args: argparse.Namespace) -> tuple[TuneOptions, TrialLengths]:
-    """The climb's options and the trials' lengths from the command line, each checked."""
+def tune_options(args: argparse.Namespace) -> TuneOptions:
+    """The climb's options from the command line; every option, the trials' lengths too, is checked here."""
     if not (math.isfinite(args.budget) and args.budget > 0):
         raise InvalidValue("--budget", f"must be a number of minutes > 0, got {args.budget}")
     if not (math.isfinite(args.loss_tolerance) and args.loss_tolerance >= 0):
@@ -55,20 +54,28 @@ def tune_options(args: argparse.Namespace) -> tuple[TuneOptions, TrialLengths]:
         confirm=args.confirm,
         leave_alone=tuple(leave_alone),
     )
-    return options, TrialLengths(args.nwarmup, args.ntrials, args.nbatches, args.check_steps)
+    return options
 
 
 def run_tune_command(args: argparse.Namespace) -> int:
-    """Tune the config on every rank of the launch; 0 when the tuned config was written."""
-    options, lengths = tune_options(args)
-    # --nwarmup/--ntrials/--nbatches are the tune's trial lengths, not bench keys of the config it writes.
-    flags = {key: value for key, value in config_flag_values(args).items() if not key.startswith("bench.")}
-    source = ConfigSource(args.yaml_config, args.config, tuple(args.set), flags)
-    out = Path(args.out).expanduser() if args.out else default_out(args.config)
-    if out.suffix not in (".yaml", ".yml"):
+    """Tune the config on every rank of the launch; 0 when the tuned config was written.
+
+    The options, --out and the config are checked before the tune's machinery (and torch) is imported.
+    """
+    options = tune_options(args)
+    out = Path(args.out).expanduser() if args.out else None
+    if out is not None and out.suffix not in (".yaml", ".yml"):
         raise InvalidValue(
             "--out", f"the tuned config is a YAML file: give a name ending in .yaml, got {out}"
         )
+    # --nwarmup/--ntrials/--nbatches are the tune's trial lengths, not bench keys of the config it writes.
+    flags = {key: value for key, value in config_flag_values(args).items() if not key.startswith("bench.")}
+    load_run_config(args.yaml_config, args.config, args.set, flags)
+    from dlscale.tuning.run_backend import ConfigSource, TrialLengths
+    from dlscale.tuning.session import default_out, run_tune
+
+    source = ConfigSource(args.yaml_config, args.config, tuple(args.set), flags)
+    lengths = TrialLengths(args.nwarmup, args.ntrials, args.nbatches, args.check_steps)
     command = shlex.join(["dlscale", *sys.argv[1:]]) if sys.argv[1:2] == ["tune"] else "dlscale tune"
-    run_tune(source, out, options, lengths, command)
+    run_tune(source, out or default_out(args.config), options, lengths, command)
     return 0

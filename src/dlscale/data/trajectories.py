@@ -30,15 +30,36 @@ class ForecastStart:
 
 @runtime_checkable
 class Trajectories(Protocol):
-    """States of a held-out split along time, for rollouts (a workload's ``forecast_data``)."""
+    """States of a held-out split along time, for rollouts (a workload's ``forecast_data``).
+
+    A state is one time's (C, H, W) field: the model reads it and predicts the next one in the same layout, so
+    its output can be its next input. Two clocks: ``hours_per_state`` is how far apart the stored states of a
+    trajectory are (6 h in the tutorial's ERA5 files), ``step_hours`` how far the model jumps in one step, a
+    whole multiple of it (``data.dt`` states: 12 h for ``data.dt=2``). Leads count model steps (lead ``l`` is
+    ``l * step_hours`` after the start, the state ``l * step_hours / hours_per_state`` indices on);
+    ``--init every:12h`` must be a whole number of states apart. Data whose time is not in hours (a solver's
+    frames) counts its unit as hours all the same: ``hours_per_state = 1``, and ``--lead 24h`` is 24 frames.
+
+    The grid: ``latitudes`` (H,) and ``longitudes`` (W,) in degrees. The RMSE and ACC weigh each row by
+    cos(latitude), so a grid that is not on the Earth gives ``latitudes = np.zeros(H)`` (every row weighs the
+    same) and its positions, or ``np.arange(W)``, as ``longitudes``. A 1-D state (a line of W points) is
+    (C, 1, W): ``latitudes = np.zeros(1)``. The maps are drawn in degrees when both are evenly spaced and
+    distinct, else in row and column numbers.
+
+    Optional: ``headline_channels``, a tuple of channel names, the ones the forecast's headline table, skill
+    figure and maps lead with (the maps show the first). Without it: z500, t850, t2m and u10 where the data
+    has them, else every channel when there are at most six, else the first six (the log says so).
+    """
 
     channel_names: tuple[str, ...]  # the C channels a state holds, in order (model input == model output)
     units: tuple[str, ...]  # the unit of each channel ("" where unknown)
     long_names: tuple[str, ...]  # what each channel is ("10 m eastward wind")
     step_hours: float  # hours between a state and the model's next one (a model step)
     hours_per_state: float  # hours between consecutive states of a trajectory (a model step is a multiple)
-    latitudes: np.ndarray  # (H,) degrees north of the grid's rows
+    latitudes: np.ndarray  # (H,) degrees north of the grid's rows (zeros for a grid not on the Earth)
     longitudes: np.ndarray  # (W,) degrees east of the grid's columns
+    # Optional, and so not a member here (a protocol has no optional members; read with getattr):
+    # headline_channels: tuple[str, ...]
 
     def starts(self) -> list[ForecastStart]:
         """Every state a rollout can start from, in time order."""

@@ -4,6 +4,13 @@ The directory ``eval/<split>-<checkpoint>/`` holds ``metrics.json`` (strict JSON
 ``metrics.csv`` and the figures a run draws of its validation (prediction vs target, skill per channel,
 per-class accuracy, confusion matrix), written together: a reader sees the previous evaluation or the whole
 new one.
+
+Units: ``metrics.json`` holds the metrics as the evaluator computed them (the values the run's loggers and
+``summary.json`` have: ERA5's RMSEs of normalized fields), and under ``units`` each metric's unit and the scale
+to it where the evaluator knows them; ``metrics.csv`` gives those metrics in their unit (``value * scale``),
+named in its ``unit`` column ("normalized" where that is all that is known; empty for a loss, an accuracy or a
+skill score, which are fractions or the workload's own). Skill scores are fractions (1 perfect, 0 the
+baseline's error), as the log lines give them.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ log = logging.getLogger("dlscale.train")
 
 METRICS_JSON = "metrics.json"
 METRICS_CSV = "metrics.csv"
-CSV_COLUMNS = ("metric", "value", "baseline")
+CSV_COLUMNS = ("metric", "value", "baseline", "unit")
 
 
 def evaluation_document(validation: EvalSummary, identity: dict[str, Any]) -> dict[str, Any]:
@@ -44,6 +51,10 @@ def evaluation_document(validation: EvalSummary, identity: dict[str, Any]) -> di
         "baseline_metrics": dict(validation.baseline_scalars),
         "lines": list(validation.lines),
     }
+    # metric -> {"unit", "scale"}: the metric's value times scale is in unit
+    document["units"] = {
+        name: {"unit": unit, "scale": scale} for name, (unit, scale) in validation.units.items()
+    }
     if validation.channel_skill is not None:
         document["channel_skill"] = validation.channel_skill.to_dict()
     counts = validation.class_counts
@@ -57,25 +68,33 @@ def evaluation_document(validation: EvalSummary, identity: dict[str, Any]) -> di
 
 
 def metrics_csv(document: dict[str, Any]) -> str:
-    """``metric,value,baseline`` rows: the loss, every metric (with the baseline's where it has one), each
-    channel's skill against the baseline and each class's accuracy."""
-    baseline = document["baseline_metrics"]
-    rows = [("loss", document["loss"], document["baseline_loss"])]
-    rows += [(name, value, baseline.get(name)) for name, value in document["metrics"].items()]
+    """``metric,value,baseline,unit`` rows: the loss, every metric (with the baseline's where it has one) in
+    its unit where the document's ``units`` give one, each channel's skill against the baseline and each
+    class's accuracy."""
+    baseline, units = document["baseline_metrics"], document.get("units", {})
+    rows = [("loss", document["loss"], document["baseline_loss"], "")]
+    for name, value in document["metrics"].items():
+        stated = units.get(name, {"unit": "", "scale": 1.0})
+        scale = stated["scale"]
+        rows.append((name, _times(value, scale), _times(baseline.get(name), scale), stated["unit"]))
     skill = document.get("channel_skill")
     if skill is not None:
-        rows += [(f"skill/{name}", entry["skill"], None) for name, entry in skill["channels"].items()]
+        rows += [(f"skill/{name}", entry["skill"], None, "") for name, entry in skill["channels"].items()]
     classes = document.get("classes")
     if classes is not None:
         rows += [
-            (f"accuracy/{name}", accuracy, None)
+            (f"accuracy/{name}", accuracy, None, "")
             for name, accuracy in zip(classes["names"], classes["accuracy"], strict=True)
         ]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
-    writer.writerows((name, _cell(value), _cell(base)) for name, value, base in rows)
+    writer.writerows((name, _cell(value), _cell(base), unit) for name, value, base, unit in rows)
     return out.getvalue()
+
+
+def _times(value: float | None, scale: float) -> float | None:
+    return None if value is None else value * scale
 
 
 def _cell(value: Any) -> str:

@@ -19,7 +19,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter
 from dlscale.training.evaluate import ChannelSkill, ClassCounts, EvalSummary, ExampleImage
 
 MAX_CONFUSION_CLASSES = 20  # a bigger confusion matrix is a grey wall: only the per-class accuracy is drawn
-LOWEST_SKILL_SHOWN = -100.0  # % : the skill axis stops here (a bar below it is cut, its value written)
+LOWEST_SKILL_SHOWN = -1.0  # the skill axis stops here (a bar below it is cut, its value written)
 
 
 def prediction_figure(example: ExampleImage, title: str = "") -> Figure:
@@ -184,9 +184,10 @@ def confusion_figure(counts: ClassCounts, title: str = "") -> Figure:
 
 
 def skill_figure(skill: ChannelSkill, title: str = "") -> Figure:
-    """The skill score of every channel against the baseline, 1 - error / baseline's error, as a bar in %:
-    above 0 the model beats the baseline, below it (red) it does not; each bar's value is written on it."""
-    scores = 100.0 * skill.skill()
+    """The skill score of every channel against the baseline, 1 - error / baseline's error, as a bar: a
+    fraction, as the log lines and summary.json give it (1 perfect; above 0 the model beats the baseline, below
+    it, in red, it does not); each bar's value is written on it."""
+    scores = skill.skill()
     losing = set(skill.not_beating())
     names = list(skill.channels)
     many = len(names) > 24  # names written upright while they fit side by side
@@ -202,16 +203,16 @@ def skill_figure(skill: ChannelSkill, title: str = "") -> Figure:
     finite = scores[np.isfinite(scores)]
     lowest = float(finite.min()) if finite.size else 0.0
     # room under the lowest bar for its value
-    low = max(LOWEST_SKILL_SHOWN, min(-10.0, lowest - 0.1 * (100.0 - lowest)))
-    heights = np.clip(np.nan_to_num(scores, nan=0.0), low, 100.0)
+    low = max(LOWEST_SKILL_SHOWN, min(-0.1, lowest - 0.1 * (1.0 - lowest)))
+    heights = np.clip(np.nan_to_num(scores, nan=0.0), low, 1.0)
     colours = ["C3" if name in losing else "C0" for name in names]
     axis.bar(range(len(names)), heights, color=colours, width=0.75)
     axis.axhline(0.0, color="black", lw=0.8)
     for index, score in enumerate(scores):
-        text = "n/a" if np.isnan(score) else f"{score:.0f}"
+        text = "n/a" if np.isnan(score) else f"{score:+.2f}"
         below, cut = heights[index] < 0, score < low
         # the value past the bar's end; a bar cut at the axis carries it inside, in white
-        offset = (1 if cut else -1 if below else 1) * 0.015 * (100.0 - low)
+        offset = (1 if cut else -1 if below else 1) * 0.015 * (1.0 - low)
         axis.text(
             index,
             heights[index] + offset,
@@ -224,9 +225,9 @@ def skill_figure(skill: ChannelSkill, title: str = "") -> Figure:
     axis.set_xticks(range(len(names)))
     axis.set_xticklabels(names, rotation=90 if many else 0, fontsize=7)
     axis.set_xlim(-0.6, len(names) - 0.4)
-    axis.set_ylim(low, 100.0)
+    axis.set_ylim(low, 1.0)
     axis.set_xlabel("output channel", fontsize=8)
-    axis.set_ylabel(f"skill vs {skill.baseline_name} (%)", fontsize=8)
+    axis.set_ylabel(f"skill vs {skill.baseline_name}", fontsize=8)
     axis.tick_params(axis="y", labelsize=7)
     verdict = (
         f"{len(losing)} of {len(names)} channels {'does' if len(losing) == 1 else 'do'} not beat "
@@ -235,7 +236,7 @@ def skill_figure(skill: ChannelSkill, title: str = "") -> Figure:
         else f"every channel beats {skill.baseline_name}"
     )
     axis.set_title(
-        f"skill = 1 - {skill.metric} / {skill.baseline_name}'s (100: perfect, 0: no better)\n{verdict}",
+        f"skill = 1 - {skill.metric} / {skill.baseline_name}'s (1: perfect, 0: no better)\n{verdict}",
         fontsize=8,
     )
     if title:
@@ -286,7 +287,9 @@ def loss_curve_figure(
 
     ``step_losses``: (steps, losses) from ``<run>/metrics/steps.csv``; without them the training loss is the
     epochs' means. ``loss_name`` (e.g. "relative L2 error") labels the y-axis. The loss axis is logarithmic
-    when the losses span more than a decade.
+    when the losses span more than a decade. The headline metric is in its physical unit where the rows'
+    ``headline_unit`` gives it (ERA5's normalized RMSE times the channel's standard deviation, "[m/s]" on the
+    axis), "(normalized)" where that is all it says, else as the evaluator computed it.
     """
     figure = Figure(figsize=(10, 3.6), layout="constrained")
     steps = [row["global_step"] for row in history]
@@ -320,15 +323,34 @@ def loss_curve_figure(
     metric_axis = figure.add_subplot(1, 2, 2, sharex=loss_axis)  # the same steps side by side
     if history:
         name = history[-1]["headline"]
-        metric_axis.plot(steps, [row["headline_value"] for row in history], "s-", color="C2", label=name)
+        unit, scale = headline_unit(history)
+        values = [_scaled(row["headline_value"], scale) for row in history]
+        metric_axis.plot(steps, values, "s-", color="C2", label=name)
         if history[-1].get("baseline_headline") is not None:
-            metric_axis.axhline(history[-1]["baseline_headline"], color="gray", ls="--", label=baseline)
-        metric_axis.set_ylabel(name)
+            metric_axis.axhline(
+                history[-1]["baseline_headline"] * scale, color="gray", ls="--", label=baseline
+            )
+        shown_unit = "(normalized)" if unit == "normalized" else f"[{unit}]" if unit else ""
+        metric_axis.set_ylabel(f"{name} {shown_unit}".rstrip())
         metric_axis.legend(fontsize=8)
     metric_axis.set_xlabel("optimizer step")
     if title:
         figure.suptitle(title, fontsize=10)
     return figure
+
+
+def headline_unit(history: Sequence[dict[str, Any]]) -> tuple[str, float]:
+    """(unit, scale) of the rows' headline metric (the latest row that states one; a run resumed from a
+    checkpoint of an older dlscale has rows without it): ``("", 1.0)`` when none does."""
+    for row in reversed(history):
+        if row.get("headline_unit"):
+            unit, scale = row["headline_unit"]
+            return str(unit), float(scale)
+    return "", 1.0
+
+
+def _scaled(value: float | None, scale: float) -> float:
+    return float("nan") if value is None else value * scale
 
 
 def smoothed(values: Sequence[float] | np.ndarray) -> np.ndarray:

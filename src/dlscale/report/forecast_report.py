@@ -3,8 +3,12 @@
 ``forecast/<split>-<checkpoint>/`` holds ``scores.json`` (strict JSON: NaN is ``null``), ``scores.csv`` (one row per
 forecaster, channel and lead), ``skill_vs_lead.png`` (RMSE and ACC against lead time, with both baselines) and
 ``rollout_maps.png`` (one initial time at a few leads: truth, forecast, error), and ``forecast.nc`` or
-``forecast.zarr`` when asked (:mod:`dlscale.report.forecast_files`). The headline table is WeatherBench2's: z500,
-t850, t2m and u10 at 1, 3, 5, 7 and 10 days, as far as the rollout reaches.
+``forecast.zarr`` when asked (:mod:`dlscale.report.forecast_files`). The headline table is WeatherBench2's
+(z500, t850, t2m and u10 at 1, 3, 5, 7 and 10 days) where the data has those channels and the rollout those
+leads; :mod:`dlscale.report.forecast_selection` says what the table, skill figure and maps show otherwise.
+
+Units: RMSE in each channel's physical unit (the trajectories' ``units``; labelled by it), ACC a fraction (1:
+perfect), in the log, the files and the figures alike.
 """
 
 from __future__ import annotations
@@ -12,13 +16,16 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from dlscale.data.trajectories import Trajectories
+from dlscale.report.forecast_selection import headline_channels, lead_text, report_leads
 from dlscale.training.rollout import CLIMATOLOGY, MODEL, PERSISTENCE, Rollout, RolloutMaps
 
 log = logging.getLogger("dlscale.train")
@@ -27,34 +34,25 @@ SCORES_JSON = "scores.json"
 SCORES_CSV = "scores.csv"
 SKILL_FIGURE = "skill_vs_lead.png"
 MAPS_FIGURE = "rollout_maps.png"
-HEADLINE_CHANNELS = ("z500", "t850", "t2m", "u10")
-HEADLINE_DAYS = (1, 3, 5, 7, 10)
-MAP_DAYS = (1, 3, 5, 10)
+HEADLINE_DAYS = (1, 3, 5, 7, 10)  # the table's day marks, for a rollout that reaches two of them
+MAP_DAYS = (1, 3, 5, 10)  # the maps' columns, likewise
 CONVENTIONS = {
     "rmse": "latitude-weighted (cos(latitude), averaging 1 over the rows) mean squared error over the grid per "
     "initial time; the square root after the mean over initial times (WeatherBench2)",
     "acc": "weighted, uncentred correlation of forecast and truth anomalies against the climatology per initial "
     "time, then the mean over initial times; undefined (null) for the climatology itself",
-    "units": "the data's physical units (the model's output de-normalized with the training statistics)",
+    "units": "the data's physical units (the model's output de-normalized with the training statistics); ACC "
+    "a fraction (1: perfect)",
 }
-
-
-def lead_indices_at_days(days: Sequence[float], step_hours: float, steps: int) -> list[tuple[float, int]]:
-    """(day, lead index) for each of ``days`` that is a whole number of model steps within the rollout."""
-    found = []
-    for day in days:
-        index = day * 24 / step_hours
-        if abs(index - round(index)) < 1e-9 and 1 <= round(index) <= steps:
-            found.append((day, int(round(index))))
-    return found
 
 
 def forecast_document(
     rollout: Rollout, trajectories: Trajectories, identity: dict[str, Any], initial_times: list[str]
 ) -> dict[str, Any]:
     """``scores.json``: ``identity``, the leads and channels, every forecaster's RMSE (and ACC) per channel and
-    lead, the headline table, throughput and the conventions."""
+    lead, the headline channels and table, throughput and the conventions."""
     names, step_hours = list(trajectories.channel_names), trajectories.step_hours
+    headline = headline_channels(trajectories)
     scores: dict[str, Any] = {}
     for forecaster, sums in rollout.scores.items():
         rmse, acc = sums.rmse(), sums.acc()
@@ -72,7 +70,9 @@ def forecast_document(
         "units": dict(zip(names, trajectories.units, strict=True)),
         "forecasters": list(rollout.scores),
         "scores": scores,
-        "headline": headline_rows(scores, names, step_hours, rollout.steps),
+        "headline_channels": list(headline.names),
+        "headline_note": headline.note,
+        "headline": headline_rows(scores, headline.names, step_hours, rollout.steps),
         "nonfinite_from_lead_hours": None
         if rollout.first_nonfinite_lead is None
         else rollout.first_nonfinite_lead * step_hours,
@@ -95,12 +95,13 @@ def forecast_document(
 def headline_rows(
     scores: dict[str, Any], names: Sequence[str], step_hours: float, steps: int
 ) -> list[dict[str, Any]]:
-    """One row per headline channel the data has and headline day the rollout reaches: each forecaster's RMSE
-    and ACC."""
+    """One row per channel of ``names`` and lead the table shows (:func:`report_leads` of the headline days):
+    each forecaster's RMSE and ACC."""
     rows = []
-    for name in (channel for channel in HEADLINE_CHANNELS if channel in names):
-        for day, lead in lead_indices_at_days(HEADLINE_DAYS, step_hours, steps):
-            row: dict[str, Any] = {"channel": name, "lead_days": day}
+    for name in names:
+        for lead in report_leads(HEADLINE_DAYS, step_hours, steps):
+            hours = lead * step_hours
+            row: dict[str, Any] = {"channel": name, "lead_days": hours / 24, "lead_hours": hours}
             for forecaster, entry in scores.items():
                 row[f"{forecaster}_rmse"] = entry["rmse"][name][lead]
                 row[f"{forecaster}_acc"] = None if entry["acc"] is None else entry["acc"][name][lead]
@@ -131,18 +132,19 @@ def headline_lines(document: dict[str, Any]) -> list[str]:
     """The headline table as aligned text lines: each forecaster's RMSE in the channel's unit, then its ACC."""
     rows = document["headline"]
     if not rows:
-        return ["(no headline channel (z500, t850, t2m, u10) at 1, 3, 5, 7 or 10 days in this rollout)"]
+        return ["(no lead to show: the rollout has no step)"]
     forecasters = [f for f in (MODEL, PERSISTENCE, CLIMATOLOGY) if f in document["forecasters"]]
     correlated = [f for f in forecasters if f != CLIMATOLOGY and rows[0].get(f"{f}_acc") is not None]
     width = max(len(f) for f in forecasters) + 2
-    header = f"{'':<8}{'':>5}  {'':<9}" + f"{'RMSE':^{width * len(forecasters)}}"
+    channel = max(8, *(len(row["channel"]) + 1 for row in rows))
+    header = f"{'':<{channel}}{'':>5}  {'':<9}" + f"{'RMSE':^{width * len(forecasters)}}"
     header += f"{'ACC':^{width * len(correlated)}}" if correlated else ""
-    names = f"{'channel':<8}{'lead':>5}  {'unit':<9}" + "".join(f"{f:>{width}}" for f in forecasters)
+    names = f"{'channel':<{channel}}{'lead':>5}  {'unit':<9}" + "".join(f"{f:>{width}}" for f in forecasters)
     names += "".join(f"{f:>{width}}" for f in correlated)
     lines = [header.rstrip(), names]
     for row in rows:
         unit = document["units"].get(row["channel"], "")
-        line = f"{row['channel']:<8}{row['lead_days']:>4g}d  {unit:<9}"
+        line = f"{row['channel']:<{channel}}{lead_text(row['lead_hours']):>5}  {unit:<9}"
         line += "".join(f"{_number(row[f + '_rmse']):>{width}}" for f in forecasters)
         line += "".join(f"{_number(row[f + '_acc'], 3):>{width}}" for f in correlated)
         lines.append(line)
@@ -154,14 +156,16 @@ def _number(value: float | None, digits: int = 4) -> str:
 
 
 def skill_figure(document: dict[str, Any]) -> Figure:
-    """RMSE (and ACC) against lead time in days for the headline channels the data has (else the first four),
-    each forecaster a line."""
-    names = [name for name in HEADLINE_CHANNELS if name in document["channels"]] or document["channels"][:4]
+    """RMSE (in each channel's unit) and ACC (a fraction) against lead time for the headline channels, each
+    forecaster a line; leads in days, or in hours for a rollout shorter than two days."""
+    names = document["headline_channels"]
     has_acc = any(entry["acc"] is not None for entry in document["scores"].values())
     rows = 2 if has_acc else 1
-    figure = Figure(figsize=(3.6 * len(names), 3.0 * rows + 0.6), layout="constrained")
+    figure = Figure(figsize=(max(3.6 * len(names), 6.0), 3.0 * rows + 0.6), layout="constrained")
     axes = np.atleast_2d(figure.subplots(rows, len(names), squeeze=False))
-    days = np.asarray(document["lead_hours"]) / 24
+    in_hours = document["lead_hours"][-1] < 48
+    leads = np.asarray(document["lead_hours"]) / (1 if in_hours else 24)
+    marker = "o" if len(leads) <= 13 else None  # a short rollout's few leads stay visible as points
     styles = {
         MODEL: ("C0", "-", "model"),
         PERSISTENCE: ("C1", "--", "persistence"),
@@ -171,14 +175,15 @@ def skill_figure(document: dict[str, Any]) -> Figure:
         unit = document["units"].get(name, "")
         for forecaster, entry in document["scores"].items():
             color, style, label = styles[forecaster]
-            axes[0, column].plot(days, _finite(entry["rmse"][name]), style, color=color, label=label)
+            line = {"color": color, "label": label, "marker": marker, "markersize": 3}
+            axes[0, column].plot(leads, _finite(entry["rmse"][name]), style, **line)
             if has_acc and entry["acc"] is not None and forecaster != CLIMATOLOGY:
-                axes[1, column].plot(days, _finite(entry["acc"][name]), style, color=color, label=label)
+                axes[1, column].plot(leads, _finite(entry["acc"][name]), style, **line)
         axes[0, column].set_title(name)
         axes[0, column].set_ylabel(f"RMSE [{unit}]" if unit else "RMSE")
-        axes[rows - 1, column].set_xlabel("lead time [days]")
+        axes[rows - 1, column].set_xlabel(f"lead time [{'hours' if in_hours else 'days'}]")
         if has_acc:
-            axes[1, column].set_ylabel("ACC")
+            axes[1, column].set_ylabel("ACC (1: perfect)")
             correlations = [
                 _finite(entry["acc"][name])
                 for entry in document["scores"].values()
@@ -190,10 +195,13 @@ def skill_figure(document: dict[str, Any]) -> Figure:
             axes[row, column].grid(alpha=0.3)
     axes[0, 0].legend(loc="upper left", fontsize="small")
     count = document["initial_time_count"]
-    figure.suptitle(
+    title = (
         f"{document['workload']}, {document['split']} split, {document['checkpoint_name']}: "
         f"{count} initial time{'s' if count != 1 else ''}"
     )
+    if document.get("headline_note"):
+        title += f"\n{document['headline_note']}"
+    figure.suptitle(title)
     return figure
 
 
@@ -201,21 +209,39 @@ def _finite(values: Sequence[float | None]) -> np.ndarray:
     return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
+MAP_PANEL_INCHES = (3.2, 1.9)  # one map's (width, height): a 2:1 longitude-latitude grid at a readable size
+MAP_MARGIN_INCHES = (1.6, 1.3)  # the latitude label and colour bars; the title and longitude label
+
+
 def maps_figure(maps: RolloutMaps, trajectories: Trajectories, channel: str, step_hours: float) -> Figure:
-    """Truth, forecast and error of ``channel`` at each kept lead of one initial time."""
+    """Truth, forecast and error of ``channel`` at each kept lead of one initial time: a column per lead (one
+    or many), the title wrapped to the figure's width.
+
+    Truth and forecast share the truth's colour range, so a forecast that drifts beyond it saturates: the
+    colour bar's pointed ends say so (``extend``) where it does. The error row has one scale for every lead,
+    symmetric about 0 and as wide as the largest error, so the row shows the error growing with lead (limits
+    per panel would make every lead look alike) and never saturates."""
     c = list(trajectories.channel_names).index(channel)
     unit = trajectories.units[c]
     columns = len(maps.leads)
-    figure = Figure(figsize=(3.4 * columns + 0.8, 6.6), layout="constrained")
+    width = max(MAP_PANEL_INCHES[0] * columns, 4.0) + MAP_MARGIN_INCHES[0]
+    figure = Figure(figsize=(width, 3 * MAP_PANEL_INCHES[1] + MAP_MARGIN_INCHES[1]), layout="constrained")
     axes = np.atleast_2d(figure.subplots(3, columns, squeeze=False))
     truths = np.stack([truth[c] for truth in maps.truths])
     forecasts = np.stack([forecast[c] for forecast in maps.forecasts])
     errors = forecasts - truths
-    low, high = float(np.nanmin(truths)), float(np.nanmax(truths))
-    bound = float(np.nanmax(np.abs(errors))) or 1.0
+    low, high = _finite_range(truths)
+    bound = max(abs(value) for value in _finite_range(errors)) or 1.0
+    extend = _beyond(forecasts, low, high)
     extent = _extent(trajectories.latitudes, trajectories.longitudes)
+    value_label = f"{channel} [{unit}]" if unit else channel
+    bar_labels = {
+        "truth": value_label,
+        "forecast": value_label,
+        "error": f"error [{unit}]" if unit else "error",
+    }
     for column, lead in enumerate(maps.leads):
-        days = lead * step_hours / 24
+        when = lead_text(lead * step_hours)
         for row, (field, kind) in enumerate(((truths, "truth"), (forecasts, "forecast"), (errors, "error"))):
             axis = axes[row, column]
             limits = (
@@ -223,50 +249,85 @@ def maps_figure(maps: RolloutMaps, trajectories: Trajectories, channel: str, ste
                 if kind == "error"
                 else {"vmin": low, "vmax": high}
             )
-            image = axis.imshow(field[column], extent=extent, aspect="auto", **limits)
-            axis.set_title(f"{kind}, +{days:g} d", fontsize="small")
+            image = axis.imshow(
+                field[column], extent=extent, aspect="auto", interpolation="nearest", **limits
+            )
+            axis.set_title(f"{kind}, +{when}", fontsize="small")
+            axis.tick_params(labelsize="small")
+            if extent is None:  # row and column numbers: whole ones
+                axis.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+                axis.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
             if column == 0:
-                axis.set_ylabel("latitude [deg]")
+                axis.set_ylabel("latitude [deg]" if extent is not None else "row", fontsize="small")
             if row == 2:
-                axis.set_xlabel("longitude [deg E]")
+                axis.set_xlabel("longitude [deg E]" if extent is not None else "column", fontsize="small")
             if column == columns - 1:
-                figure.colorbar(image, ax=axes[row, :], label=f"{channel} [{unit}]" if unit else channel)
-    figure.suptitle(f"{channel} from {maps.start.describe()}: truth, forecast and error by lead time")
+                bar = figure.colorbar(
+                    image,
+                    ax=axes[row, :],
+                    extend=extend if kind == "forecast" else "neither",
+                    label=bar_labels[kind],
+                )
+                bar.ax.tick_params(labelsize="small")
+    title = f"{channel} from {maps.start.describe()}: truth, forecast and error by lead time"
+    if extend != "neither":
+        title += " (the forecast leaves the truth's colour range: pointed bar ends)"
+    # About 0.6 em per character of the title's 12-point font: wrap to the figure's width.
+    figure.suptitle("\n".join(textwrap.wrap(title, width=int(width * 72 / (0.6 * 12)))))
     return figure
 
 
-def _extent(latitudes: np.ndarray, longitudes: np.ndarray) -> tuple[float, float, float, float]:
-    """(west, east, south, north) pixel edges of a grid whose rows run north to south."""
-    dlat = abs(float(latitudes[1] - latitudes[0])) if len(latitudes) > 1 else 1.0
-    dlon = float(longitudes[1] - longitudes[0]) if len(longitudes) > 1 else 1.0
+def _finite_range(values: np.ndarray) -> tuple[float, float]:
+    """(min, max) of the finite values; (0, 1) when there is none (a forecast that is NaN everywhere)."""
+    finite = values[np.isfinite(values)]
+    return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+
+
+def _beyond(values: np.ndarray, low: float, high: float) -> str:
+    """matplotlib's colour bar ``extend`` for ``values`` on the scale ``low``..``high``: which ends they pass."""
+    below, above = bool(np.any(values < low)), bool(np.any(values > high))  # NaN compares False: not counted
+    return {(False, False): "neither", (True, False): "min", (False, True): "max"}.get((below, above), "both")
+
+
+def _extent(latitudes: np.ndarray, longitudes: np.ndarray) -> tuple[float, float, float, float] | None:
+    """matplotlib's ``extent`` in degrees, (west, east, last row's edge, first row's edge): the grid's first row
+    is drawn at the top, so rows that run north to south show north up. None (row and column numbers) unless
+    both axes have two or more coordinates in strict order (not so on a grid that is not on the Earth)."""
+    if not (_monotonic(latitudes) and _monotonic(longitudes)):
+        return None
+    dlat = float(latitudes[1] - latitudes[0])  # signed: negative for rows that run north to south
+    dlon = float(longitudes[1] - longitudes[0])
     return (
         float(longitudes[0]) - dlon / 2,
         float(longitudes[-1]) + dlon / 2,
-        float(latitudes[-1]) - dlat / 2,
-        float(latitudes[0]) + dlat / 2,
+        float(latitudes[-1]) + dlat / 2,
+        float(latitudes[0]) - dlat / 2,
     )
 
 
-def map_channel(names: Sequence[str]) -> str:
-    """The channel of the rollout maps: z500 (the field's favourite), else the first headline channel, else the
-    first channel."""
-    for name in HEADLINE_CHANNELS:
-        if name in names:
-            return name
-    return names[0]
+def _monotonic(coordinates: np.ndarray) -> bool:
+    steps = np.diff(np.asarray(coordinates, dtype=np.float64))
+    return len(steps) > 0 and bool(np.all(steps > 0) or np.all(steps < 0))
+
+
+def map_channel(headline: Sequence[str]) -> str:
+    """The channel of the rollout maps: the first headline channel (z500, the field's favourite, for ERA5)."""
+    return headline[0]
 
 
 def log_forecast(document: dict[str, Any], written: Sequence[Any]) -> None:
     """The headline table, the throughput and where the files are."""
     log.info(
-        "Forecast (%s split, %d initial times, leads up to %g d, %s):",
+        "Forecast (%s split, %d initial times, leads up to %s, %s):",
         document["split"],
         document["initial_time_count"],
-        document["lead_hours"][-1] / 24,
+        lead_text(document["lead_hours"][-1]),
         document["checkpoint_name"],
     )
     for line in headline_lines(document):
         log.info("  %s", line)
+    if document.get("headline_note"):
+        log.info("  (the table shows %s)", document["headline_note"])
     if document["nonfinite_from_lead_hours"] is not None:
         log.warning(
             "The model's forecast holds NaN or infinite values from lead %g h on: its scores from there are NaN",

@@ -18,6 +18,7 @@ from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
 from dlscale.training.divergence import Divergence
 from dlscale.training.evaluate import ChannelSkill, EvalSummary
+from dlscale.training.final_weights import FinalWeights, end_of_training
 from dlscale.training.observer import EpochReport, Observer
 from dlscale.version import __version__
 
@@ -96,6 +97,9 @@ class RunSummary(Observer):
         setup, p = trainer.setup, trainer.progress
         if trainer.guard.divergence is not None:
             outcome = "diverged"  # also when the save of a stopped run found its weights diverged
+        weights = final_weights_of(trainer)
+        if weights.validation is not None:  # the last good checkpoint's, validated again
+            self.last = FinalValidation(weights.epoch, weights.validation)
         summary, figures = self._write(trainer, outcome)
         path = self.run_dir / "summary.json"
         final = summary["final"]
@@ -116,7 +120,15 @@ class RunSummary(Observer):
                 setup.plan.total_steps,
                 next_step,
             )
-        if final:
+        if final and not final["weights_trusted"]:
+            log.warning(
+                "Final validation, of %s (the thrown-out weights' numbers, kept for the record): %s",
+                summary["final_weights"],
+                final_line(final),
+            )
+        elif final and weights.description != end_of_training(p.global_step).description:
+            log.info("Final validation, of %s: %s", summary["final_weights"], final_line(final))
+        elif final:
             log.info("Final validation: %s", final_line(final))
         skill = self.last.validation.channel_skill if self.last is not None else None
         if skill is not None:
@@ -190,11 +202,19 @@ class RunSummary(Observer):
 
     def summary(self, trainer, outcome: str, figures: list[Path]) -> dict[str, Any]:
         setup, p = trainer.setup, trainer.progress
+        weights = final_weights_of(trainer)
         last = p.history[-1] if p.history else None
         final = {}
-        if last:
+        if weights.validation is not None:
+            final = {
+                "epoch": weights.epoch,
+                "global_step": weights.global_step,
+                **_row_of(weights.validation),
+            }
+        elif last:
             final = {
                 "epoch": last["epoch"],
+                "global_step": last["global_step"],
                 "val_loss": last["val_loss"],
                 "headline": last["headline"],
                 "headline_value": last["headline_value"],
@@ -202,6 +222,8 @@ class RunSummary(Observer):
                 "baseline_loss": last["baseline_loss"],
                 "baseline_headline": last["baseline_headline"],
             }
+        if final:
+            final["weights_trusted"] = weights.trusted
             if self.last is not None:
                 final["metrics"] = self.last.validation.scalars
                 final["baseline_metrics"] = self.last.validation.baseline_scalars
@@ -226,10 +248,30 @@ class RunSummary(Observer):
             "divergence": trainer.guard.divergence.to_dict() if trainer.guard.divergence else None,
             "skipped_steps": p.skipped_steps,
             "rollbacks": p.rollbacks,
+            "final_weights": weights.description,
             "final": final,
             "history": p.history,
             "figures": [str(f) for f in figures],
         }
+
+
+def final_weights_of(trainer) -> FinalWeights:
+    """Which weights the report describes: the trainer's decision at the end of training, else (a report
+    written again from a finished run's final checkpoint) the weights at its end."""
+    weights = getattr(trainer, "final_weights", None)
+    return weights if weights is not None else end_of_training(trainer.progress.global_step)
+
+
+def _row_of(validation: EvalSummary) -> dict[str, Any]:
+    """The final block's numbers from a validation, as an epoch's history row holds them."""
+    return {
+        "val_loss": validation.loss,
+        "headline": validation.headline,
+        "headline_value": validation.scalars[validation.headline],
+        "baseline": validation.baseline_name,
+        "baseline_loss": validation.baseline_scalars.get("loss"),
+        "baseline_headline": validation.baseline_scalars.get(validation.headline),
+    }
 
 
 def _same_loss(recorded: float, again: float) -> bool:

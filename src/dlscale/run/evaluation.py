@@ -5,8 +5,9 @@ this launch's layout: one process, or N ranks under torchrun that share the spli
 ``--set parallel.tensor_parallel=N``, the model). The config is the run directory's ``config.yaml``, else the
 one the checkpoint recorded; ``--set`` may change any key but those that define the weights (the data's root,
 say, or the batch size). Everything is checked before the first batch; rank 0 writes
-``eval/<split>-<checkpoint>/`` (see :mod:`dlscale.report.evaluation_report`) and every rank returns the same
-document.
+``eval/<split>-<checkpoint>/``, or ``eval/<split>-<checkpoint>-set-<hash>/`` after ``--set`` changes that can
+change the results (see :mod:`dlscale.run.results_directory` and :mod:`dlscale.report.evaluation_report`), and
+every rank returns the same document.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dlscale.checkpoint.resume import weight_defining_keys
 from dlscale.checkpoint.selection import ChosenCheckpoint, check_fits, choose_checkpoint
 from dlscale.checkpoint.sharded_state import local_model_state
 from dlscale.config import RunConfig, load_run_config
-from dlscale.config.run_config import recorded_run_config
+from dlscale.config.run_config import flat_key_homes, recorded_run_config, section_classes
 from dlscale.config.yaml_source import read_config_file
 from dlscale.data.dataset_description import describe_dataset
 from dlscale.data.finite_check import FiniteCheckedBatches
@@ -33,11 +34,17 @@ from dlscale.data.pipeline import build_batch_source
 from dlscale.data.sampler import EvaluationSampler
 from dlscale.errors import CheckpointError, DlscaleError
 from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum
-from dlscale.report.evaluation_report import evaluation_document, log_evaluation, write_evaluation
+from dlscale.report.evaluation_report import (
+    METRICS_JSON,
+    evaluation_document,
+    log_evaluation,
+    write_evaluation,
+)
 from dlscale.report.progress_display import PassProgress
 from dlscale.report.run_dir import early_logging
 from dlscale.run.assembly import batch_sizes, errors_naming_the_config
 from dlscale.run.process_group import distributed_run
+from dlscale.run.results_directory import override_name_part, replacement_notice, results_directory_name
 from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import share_from_main, share_text_from_main
 from dlscale.runtime.launch import ProcessInfo, detect_process
@@ -69,9 +76,15 @@ class Evaluation:
     overrides: tuple[str, ...]
 
     @property
+    def override_part(self) -> str | None:
+        """``set-<hash>`` for the ``--set`` changes that can change the results; None without any."""
+        return override_name_part(self.overrides, flat_key_homes(section_classes(self.config.workload)))
+
+    @property
     def output_dir(self) -> Path:
-        """``<run dir>/eval/<split>-<checkpoint>``."""
-        return self.source.output_dir / EVAL_DIR / f"{self.split}-{self.source.name}"
+        """``<run dir>/eval/<split>-<checkpoint>``, with ``-set-<hash>`` after ``--set`` changes."""
+        parts = [self.override_part] if self.override_part is not None else []
+        return self.source.output_dir / EVAL_DIR / results_directory_name(self.split, self.source.name, parts)
 
 
 def evaluate_checkpoint(
@@ -166,6 +179,10 @@ def _evaluate_on_this_rank(evaluation: Evaluation, process: ProcessInfo, device:
         process.world_size,
         mesh.shape.describe(),
     )
+    if process.is_main:
+        notice = replacement_notice(evaluation.output_dir, METRICS_JSON, "evaluation")
+        if notice is not None:
+            log.info("%s", notice)
     predict = Precision(cfg.train.amp_mode, device).wrap_inference(model)
     validation = evaluate(model, loader, evaluator, device, predict, data_parallel_sum(mesh, default=None))
 
@@ -186,6 +203,9 @@ def _evaluate_on_this_rank(evaluation: Evaluation, process: ProcessInfo, device:
         "device": device.name,
         "dlscale_version": __version__,
         "torch_version": str(torch.__version__),
+        # What was asked for (the directory's name says which of it changes the results), and where it went.
+        "options": {"split": split, "overrides": list(evaluation.overrides)},
+        "output_dir": str(evaluation.output_dir),
     }
     document, problem = evaluation_document(validation, identity), None
     if process.is_main:

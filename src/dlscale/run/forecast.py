@@ -5,8 +5,9 @@ any layout's checkpoint, the run's config with ``--set`` changes). The workload 
 (its ``forecast_data`` member); :func:`dlscale.training.rollout.roll_out` feeds each prediction back as the next
 input, in inference mode with the run's precision, a batch of initial times at a time. Everything that can be
 checked is checked before the first step (the split, the lead against the data's reach, the initial times, the
-output format and its memory); rank 0 of one process writes ``forecast/<split>-<checkpoint>/`` at the end, in
-one piece (see :mod:`dlscale.report.forecast_report`).
+output format and its memory); rank 0 of one process writes ``forecast/<split>-<checkpoint>[-<options>]/`` at
+the end, in one piece (see :mod:`dlscale.report.forecast_report`; the name has a part per option that differs
+from its default, see :mod:`dlscale.run.results_directory`).
 
 One process: the rollouts of a tutorial-sized model are cheap next to its training (see
 ``benchmarks/forecast_throughput.py``); initial times are the natural unit to share among ranks when a model
@@ -18,7 +19,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +45,18 @@ from dlscale.report.forecast_report import (
     SCORES_JSON,
     SKILL_FIGURE,
     forecast_document,
-    lead_indices_at_days,
     log_forecast,
     map_channel,
     maps_figure,
     scores_csv,
     skill_figure,
 )
+from dlscale.report.forecast_selection import headline_channels, report_leads
 from dlscale.report.progress_display import PassProgress
 from dlscale.report.run_dir import early_logging
 from dlscale.run.evaluation import Evaluation, prepare
 from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD, choose_starts, format_hours, lead_steps
+from dlscale.run.results_directory import forecast_name_parts, replacement_notice, results_directory_name
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import detect_process
 from dlscale.runtime.rng import seed_everything
@@ -84,11 +87,13 @@ class ForecastOptions:
 
 @dataclass
 class ForecastResult:
-    """The document (``scores.json``), and the rollout (with the forecasts when they were kept)."""
+    """The document (``scores.json``), the rollout (with the forecasts when they were kept), and the directory
+    the results went to."""
 
     document: dict[str, Any]
     rollout: Rollout
     starts: list[ForecastStart]
+    output_dir: Path
 
 
 def forecast_checkpoint(
@@ -119,19 +124,23 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
     if options.batch_size is not None and options.batch_size < 1:
         raise ConfigError(f"--batch-size {options.batch_size}: expected a number of initial times >= 1")
     trajectories = workload.forecast_data(cfg.data, options.split)
+    headline_channels(trajectories)  # a wrong headline_channels fails here, before the rollout
     steps = lead_steps(options.lead, trajectories.step_hours)
     candidates = trajectories.starts()
     where = f"in the {options.split} split"
-    starts = choose_starts(
+    choose = partial(
+        choose_starts,
         candidates,
         [trajectories.reach(start) for start in candidates],
         steps,
         trajectories.step_hours,
         trajectories.hours_per_state,
         options.init,
-        options.init_count,
-        where,
     )
+    starts = choose(options.init_count, where)
+    # An --init-count that keeps every initial time changes nothing, so it names no directory of its own.
+    counted = options.init_count if len(starts) < len(choose(None, where)) else None
+    output_dir = _output_dir(evaluation, options, counted, trajectories.step_hours)
     if options.write is not None:
         _check_memory_for_forecasts(len(starts), steps, trajectories)
 
@@ -142,9 +151,7 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
     load_model_state(model, local_model_state(model, evaluation.payload["model"]), str(checkpoint))
     predict = Precision(cfg.train.amp_mode, device).wrap_inference(model)
     batch_size = options.batch_size or cfg.train.global_batch_size
-    map_leads = [lead for _, lead in lead_indices_at_days(MAP_DAYS, trajectories.step_hours, steps)] or [
-        steps
-    ]
+    map_leads = report_leads(MAP_DAYS, trajectories.step_hours, steps)
     log.info(
         "Forecasting with %s: %s; %d initial times (%s .. %s), leads up to %s (%d steps), batches of %d, on %s",
         checkpoint,
@@ -157,6 +164,9 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
         batch_size,
         device.name,
     )
+    notice = replacement_notice(output_dir, SCORES_JSON, "forecast")
+    if notice is not None:
+        log.info("%s", notice)
     progress = cfg.log.progress, cfg.log.progress_interval_s
     rollout = roll_out(
         predict,
@@ -179,6 +189,7 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
         "workload": workload.name,
         "overrides": list(evaluation.overrides),
         "global_step": (evaluation.payload.get("progress") or {}).get("global_step"),
+        "epochs_completed": (evaluation.payload.get("progress") or {}).get("epoch"),
         "data": trajectories.describe(),
         "lead": options.lead,
         "init": options.init,
@@ -188,13 +199,26 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
         "device": device.name,
         "dlscale_version": __version__,
         "torch_version": str(torch.__version__),
+        # What was asked for (the directory's name says which of it changes the results), and where it went.
+        "options": {**asdict(options), "overrides": list(evaluation.overrides)},
+        "output_dir": str(output_dir),
     }
     document = forecast_document(rollout, trajectories, identity, [start.describe() for start in starts])
-    output_dir = evaluation.source.output_dir / FORECAST_DIR / f"{options.split}-{evaluation.source.name}"
     written = _write(output_dir, document, rollout, trajectories, starts, options.write)
     log_forecast(document, written)
     # The document as strict JSON reads it back (NaN is None), as scores.json holds it.
-    return ForecastResult(json.loads(to_json(document)), rollout, starts)
+    return ForecastResult(json.loads(to_json(document)), rollout, starts, output_dir)
+
+
+def _output_dir(
+    evaluation: Evaluation, options: ForecastOptions, counted: int | None, step_hours: float
+) -> Path:
+    """``<run dir>/forecast/<split>-<checkpoint>``, with a part for each option that changes the results."""
+    parts = forecast_name_parts(
+        options.lead, options.init, counted, options.write, step_hours, evaluation.override_part
+    )
+    name = results_directory_name(options.split, evaluation.source.name, parts)
+    return evaluation.source.output_dir / FORECAST_DIR / name
 
 
 def _check_memory_for_forecasts(count: int, steps: int, trajectories: Trajectories) -> None:
@@ -221,7 +245,7 @@ def _write(
     """Write the forecast's directory in one piece (an earlier one stays as it was if this fails)."""
     figures = {SKILL_FIGURE: skill_figure(document)}
     if rollout.maps is not None and rollout.maps.leads:
-        channel = map_channel(trajectories.channel_names)
+        channel = map_channel(document["headline_channels"])
         figures[MAPS_FIGURE] = maps_figure(rollout.maps, trajectories, channel, trajectories.step_hours)
     data_file = FORMATS[fmt] if fmt is not None else None
     document["files"] = [SCORES_JSON, SCORES_CSV, *figures, *([data_file] if data_file else [])]

@@ -14,29 +14,16 @@ evenly spread over the split (so a short check still samples every season).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import numpy as np
 
 from dlscale.data.trajectories import ForecastStart
 from dlscale.errors import ConfigError, DataError
+from dlscale.run.durations import parse_duration_hours
 
 DEFAULT_INIT = "every:12h"
 DEFAULT_LEAD = "10d"
-_UNIT_MINUTES = {"d": 24 * 60, "h": 60, "m": 1}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([dhm])\s*$")
-
-
-def parse_duration_hours(text: str, option: str) -> float:
-    """``"10d"`` -> 240.0, ``"36h"`` -> 36.0; ConfigError naming ``option`` otherwise."""
-    match = _DURATION.match(str(text))
-    if match is None:
-        raise ConfigError(
-            f"{option} {text!r}: expected a duration with its unit, e.g. 10d, 36h or 90m (d days, h hours, "
-            "m minutes)"
-        )
-    return float(match.group(1)) * _UNIT_MINUTES[match.group(2)] / 60
 
 
 def lead_steps(lead: str, step_hours: float) -> int:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.checkpoint.checkpoint_observer import CheckpointObserver
-from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.sharded_writer import ShardedCheckpointWriter
 from dlscale.checkpoint.size import estimate_checkpoint_bytes
 from dlscale.checkpoint.training_state import CheckpointRecovery
@@ -30,6 +29,7 @@ from dlscale.report.run_dir import early_logging, run_directory, setup_rank_logg
 from dlscale.report.summary import RunSummary, missing_report
 from dlscale.run.assembly import BuiltRun, build_training, describe_run, writes_sharded_checkpoints
 from dlscale.run.bench import run_benchmark
+from dlscale.run.divergence_advice import divergence_message
 from dlscale.run.process_group import distributed_run
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.device import Device
@@ -45,7 +45,6 @@ from dlscale.runtime.storage import (
     remove_stale_temporaries,
 )
 from dlscale.runtime.strict_json import to_json
-from dlscale.training.divergence import Divergence
 from dlscale.training.evaluate import evaluate
 from dlscale.training.observer import Observer
 from dlscale.training.trainer import Trainer
@@ -232,7 +231,9 @@ def _train_on_this_rank(
         for monitor in monitors:
             monitor.close()  # its sampler thread must not outlive a run that failed
     if trainer.guard.divergence is not None:  # also when a stop's save found diverged weights
-        raise TrainingDiverged(divergence_message(trainer.guard.divergence, cfg, run.checkpoints))
+        raise TrainingDiverged(
+            divergence_message(trainer.guard.divergence, cfg, run.checkpoints, setup.global_batch_size)
+        )
     return next((o.written for o in own if isinstance(o, RunSummary)), None)
 
 
@@ -326,43 +327,8 @@ def run_summary(run: BuiltRun) -> RunSummary:
         run_dir,
         run_dir / "tensorboard" if cfg.log.writes_tensorboard else None,
         run.checkpoints.directory if cfg.checkpoint.enabled else None,
-        explain_divergence=lambda divergence: divergence_message(divergence, cfg, run.checkpoints),
+        explain_divergence=lambda divergence: divergence_message(
+            divergence, cfg, run.checkpoints, run.setup.global_batch_size
+        ),
         loss_name=getattr(run.workload, "loss_name", None),
     )
-
-
-def advice(
-    divergence: Divergence, on_nonfinite: str, max_grad_norm: float | None, lr: float, warmup: int
-) -> str:
-    """What to try after ``divergence``, in one sentence, from what the run already tried (``lr`` is the
-    config's ``optim.lr``; rollbacks lowered it by ``divergence.lr_scale``, and that LR diverged too)."""
-    tried = lr * divergence.lr_scale
-    lowered = (
-        f", which diverged even scaled by {divergence.lr_scale:.3g} to {tried:.3g}" if tried != lr else ""
-    )
-    tips = [f"a lower learning rate (e.g. --set optim.lr={tried / 4:.3g}{lowered})"]
-    if max_grad_norm is None:
-        tips.append("gradient clipping (--set optim.max_grad_norm=1.0)")
-    if warmup == 0:
-        tips.append("a warm-up (--set optim.warmup=100)")
-    if on_nonfinite != "rollback":
-        tips.append("train.on_nonfinite: rollback (reload the last good checkpoint and lower the LR)")
-    listed = f"{', '.join(tips[:-1])} or {tips[-1]}" if len(tips) > 1 else tips[0]
-    data = "--set data.check_finite=true names the file and sample that hold NaN or infinite values"
-    if divergence.suspect_data:
-        return f"Check the data first: {data}; if it is clean, try {listed}"
-    return f"Try {listed}; if the data may hold NaN or infinite values, {data}"
-
-
-def divergence_message(divergence: Divergence, cfg: RunConfig, checkpoints: CheckpointDir) -> str:
-    """The one paragraph a user reads when a run diverged: where, what was kept, what to try."""
-    latest = checkpoints.latest_path
-    if not cfg.checkpoint.enabled:
-        kept = "Checkpoints are disabled (checkpoint.enabled: false), so nothing was saved."
-    elif latest.exists():
-        kept = f"Nothing was saved after it; the last good checkpoint is {latest} (resume from it, or from "
-        kept += f"{checkpoints.best_path.name} beside it, once the cause is fixed)."
-    else:
-        kept = "No checkpoint had been saved yet."
-    tips = advice(divergence, cfg.train.on_nonfinite, cfg.optim.max_grad_norm, cfg.optim.lr, cfg.optim.warmup)
-    return f"training diverged {divergence.describe()}. {kept} {tips}."

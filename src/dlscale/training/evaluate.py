@@ -144,6 +144,10 @@ class EvalSummary:
     * ``channel_skill``: an error per output channel for the model and the baseline: the end-of-run skill
       lines (1 - model / baseline per channel, a warning for channels that do not beat the baseline), the
       ``skill_vs_<baseline>`` figure and summary.json's ``channel_skill``.
+    * ``units``: metric name -> (unit, scale) for the metrics whose physical value the evaluator knows:
+      ``value * scale`` is in ``unit`` (a normalized RMSE times the channel's standard deviation, in m/s), or
+      ``("normalized", 1.0)`` for one in normalized units with no known unit. The loss figure, ``metrics.csv``
+      and the history rows state these metrics that way; a metric not named here is shown as computed.
     * ``seconds``: the pass's wall time; :func:`evaluate` sets it (an evaluator leaves it 0).
     * ``samples``: how many samples the metrics are over, all ranks together (the count of the sums).
 
@@ -160,6 +164,7 @@ class EvalSummary:
     example: ExampleImage | None = None
     class_counts: ClassCounts | None = None  # a classifier's confusion matrix, for its figures
     channel_skill: ChannelSkill | None = None  # per-channel error against the baseline, for its figure
+    units: dict[str, tuple[str, float]] = field(default_factory=dict)  # metric -> (unit, scale to it)
     seconds: float = 0.0
     samples: int = 0
 

@@ -25,6 +25,7 @@ from dlscale.runtime.distributed import (
 from dlscale.runtime.signals import StopRequest
 from dlscale.training.divergence import DivergenceGuard, Recovery
 from dlscale.training.evaluate import evaluate
+from dlscale.training.final_weights import FinalWeights, settle_final_weights
 from dlscale.training.observer import EpochReport, Observer
 from dlscale.training.training_setup import TrainingSetup
 
@@ -55,10 +56,17 @@ class Trainer:
         # an observer after the checkpoint observer may read device values then at no extra cost.
         self.loss_read_at_step: int | None = None
         self._short_timeout: float | None = None  # the loop's collective timeout, once the first step is done
+        # Which weights the end-of-run report describes (set before on_train_end; None: the end of
+        # training's).
+        self.final_weights: FinalWeights | None = None
 
     def fit(self) -> str:
         """Train until the plan is done ("finished"), a stop is requested ("stopped") or the loss diverges
-        beyond what ``train.on_nonfinite`` recovers from ("diverged")."""
+        beyond what ``train.on_nonfinite`` recovers from ("diverged").
+
+        Before the observers hear of the end, ``final_weights`` says which weights the end-of-run report
+        describes; a run that ends on weights the divergence guard distrusts has the last good checkpoint
+        loaded into the model then (:mod:`dlscale.training.final_weights`)."""
         plan, p, guard = self.setup.plan, self.progress, self.guard
         if self.setup.process.world_size > 1:
             dump_flight_recorder_into(self.setup.run_dir / "hang", self.setup.device.is_gpu)
@@ -80,6 +88,7 @@ class Trainer:
             guard.check()  # a stopped run saves its position next: not if it diverged since the last check
         outcome = "diverged" if guard.divergence else "finished" if p.completed else "stopped"
         self._collective_timeout(at_start_up=True)  # the last save and summary: the others wait for rank 0
+        self.final_weights = settle_final_weights(self, outcome)
         self._notify("on_train_end", outcome)
         return outcome
 
@@ -141,9 +150,12 @@ class Trainer:
         if v.sync_buffers is not None:
             v.sync_buffers()  # every rank validates (and saves) the same BatchNorm statistics
         validation = evaluate(s.model, v.loader, v.evaluator, s.device, v.predict, v.metric_sum, v.lockstep)
-        # A NaN never compares below the best, and must never *become* the best that later epochs cannot beat.
-        is_best = math.isfinite(validation.loss) and (
-            p.best_val_loss is None or validation.loss < p.best_val_loss
+        # A NaN never compares below the best, and must never *become* the best that later epochs cannot beat;
+        # nor may weights the divergence guard distrusts (thrown out by an update that skipping cannot undo).
+        is_best = (
+            math.isfinite(validation.loss)
+            and not self.guard.distrusts(p.global_step)
+            and (p.best_val_loss is None or validation.loss < p.best_val_loss)
         )
         if not math.isfinite(validation.loss) and s.process.is_main:
             log.warning(

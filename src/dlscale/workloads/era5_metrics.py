@@ -82,6 +82,7 @@ class ERA5Evaluator(Evaluator):
         self.n_out = dataset.cfg.n_out_channels
         self.names = dataset.channel_names[: self.n_out]
         self.stds = np.asarray(dataset.stds[: self.n_out], dtype=np.float64)
+        self.normalized = dataset.normalize  # False: the fields, and so the RMSEs, are in physical units
         self.weights = latitude_weights(dataset.latitudes)
         self.headline_index = self.names.index(HEADLINE_CHANNEL) if HEADLINE_CHANNEL in self.names else 0
         image_channel = image_channel or (
@@ -147,12 +148,18 @@ class ERA5Evaluator(Evaluator):
         baseline = {headline: float(baseline_rmse[self.headline_index])}
         baseline.update({f"RMSE/{n}": float(v) for n, v in zip(self.names, baseline_rmse, strict=True)})
         baseline["loss"] = float(self.sums.mean("persistence_loss"))
+        # Each RMSE in its channel's unit: of normalized fields, so times the channel's standard deviation.
+        units = {f"RMSE/{name}": self._unit(c) for c, name in enumerate(self.names)}
+        units[headline] = units[f"RMSE/{self.names[self.headline_index]}"]
         i = self.headline_index
-        unit = channel_unit(self.names[i])
+        unit, scale = units[headline]
+        if self.normalized and unit != "normalized":  # the physical value first, as everywhere else
+            model = f"{rmse[i] * scale:.3g} {unit} ({rmse[i]:.4f} normalized)"
+            baseline_text = f"{baseline_rmse[i] * scale:.3g} {unit} ({baseline_rmse[i]:.4f})"
+        else:
+            model, baseline_text = f"{rmse[i]:.4f} {unit}".rstrip(), f"{baseline_rmse[i]:.4f}"
         line = (
-            f"  Val {headline}={rmse[i]:.4f} ({rmse[i] * self.stds[i]:.3g} {unit}); "
-            f"persistence {baseline_rmse[i]:.4f} ({baseline_rmse[i] * self.stds[i]:.3g} {unit}), "
-            f"ratio {rmse[i] / baseline_rmse[i]:.2f}"
+            f"  Val {headline}={model}; persistence {baseline_text}, ratio {rmse[i] / baseline_rmse[i]:.2f}"
         )
         return EvalSummary(
             loss=float(self.sums.mean("loss")),
@@ -171,5 +178,14 @@ class ERA5Evaluator(Evaluator):
                 units=tuple(channel_unit(name) for name in self.names),
                 scales=self.stds,
             ),
+            units=units,
             samples=self.sums.count,
         )
+
+    def _unit(self, index: int) -> tuple[str, float]:
+        """(unit, scale) of channel ``index``'s RMSE: its physical unit and the standard deviation that
+        normalized it; ("normalized", 1) for a channel whose unit the table lacks."""
+        unit = channel_unit(self.names[index])
+        if not self.normalized:
+            return unit, 1.0  # already physical ("" where the unit is unknown: shown as computed)
+        return (unit, float(self.stds[index])) if unit else ("normalized", 1.0)

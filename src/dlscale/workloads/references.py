@@ -94,11 +94,35 @@ def import_path_of(reference: str, built_in: Mapping[str, str]) -> str:
 _IGNORED_ENTRY_POINTS: set[tuple[str, str, str]] = set()
 
 
+def _package_of(entry: importlib.metadata.EntryPoint) -> str:
+    """The name of the installed distribution that declares ``entry`` ("unknown" where metadata lacks it)."""
+    dist = getattr(entry, "dist", None)
+    return dist.name if dist is not None else "unknown"
+
+
+def _entry_point_behind(reference: str, import_path: str) -> importlib.metadata.EntryPoint | None:
+    """The installed entry point through which ``reference`` was found to be ``import_path``; None for an
+    import path written in the config, or a built-in name."""
+    if reference == import_path:
+        return None
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=reference):
+        if entry.value == import_path:
+            return entry
+    return None
+
+
+def _declared_by(entry: importlib.metadata.EntryPoint) -> str:
+    """How an error names the entry point a workload came from, and who declared it."""
+    return (
+        f"the entry point '{entry.name} = {entry.value}' (group {ENTRY_POINT_GROUP!r}) of the installed "
+        f"package {_package_of(entry)!r}"
+    )
+
+
 def _warn_of_ignored_entry_points(built_in_name: str) -> None:
     """Warn (once per process) of each installed entry point named like a built-in workload: the built-in wins."""
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=built_in_name):
-        dist = getattr(entry, "dist", None)
-        package = dist.name if dist is not None else "unknown"
+        package = _package_of(entry)
         if (entry.name, entry.value, package) in _IGNORED_ENTRY_POINTS:
             continue
         _IGNORED_ENTRY_POINTS.add((entry.name, entry.value, package))
@@ -121,9 +145,17 @@ def load_workload(reference: str, import_path: str) -> Workload:
         target: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and module_name.startswith(exc.name):
+            missing = (
+                f"workload {reference!r}: cannot import module {module_name!r} (no module named {exc.name!r})"
+            )
+            entry = _entry_point_behind(reference, import_path)
+            if entry is not None:  # installed, yet without the module its metadata names: a stale install
+                raise ConfigError(
+                    f"{missing}; {_declared_by(entry)} names it: reinstall that package, or fix the entry "
+                    "point in its pyproject.toml"
+                ) from None
             raise ConfigError(
-                f"workload {reference!r}: cannot import module {module_name!r} (no module named {exc.name!r}); "
-                "install the package that holds it, or put its directory on PYTHONPATH"
+                f"{missing}; install the package that holds it, or put its directory on PYTHONPATH"
             ) from None
         raise ConfigError(
             f"workload {reference!r}: module {module_name!r} imports {exc.name!r}, which is not installed; "
@@ -140,9 +172,24 @@ def load_workload(reference: str, import_path: str) -> Workload:
         raise error from exc
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise ConfigError(f"workload {reference!r}: {import_path} has no attribute {part!r}")
+            raise _missing_attribute(reference, import_path, target, part)
         target = getattr(target, part)
     return as_workload(target, reference)
+
+
+def _missing_attribute(reference: str, import_path: str, holder: Any, part: str) -> ConfigError:
+    """The error for an import path whose ``part`` is not an attribute of ``holder`` (the module, or the
+    object before it), with the closest of ``holder``'s public names and, for an entry point, the package to
+    fix."""
+    public = [name for name in dir(holder) if not name.startswith("_")]
+    message = f"workload {reference!r}: {import_path} has no attribute {part!r}{did_you_mean(part, public)}"
+    entry = _entry_point_behind(reference, import_path)
+    if entry is not None:
+        message += (
+            f"; {_declared_by(entry)} names it: fix the entry point in that package's pyproject.toml and "
+            "reinstall it"
+        )
+    return ConfigError(message)
 
 
 def as_workload(candidate: Any, reference: str) -> Workload:

@@ -9,6 +9,12 @@ called torch. When that frame is the workload's, the exception becomes a one-lin
 out.log, and ``--debug``); when it is dlscale's (dlscale's own code, or a dlscale helper the workload
 called), or when no frame is either, the exception keeps its traceback: that is a bug of dlscale's.
 
+A :class:`SyntaxError` (``IndentationError``, ``TabError``) is the exception to the rule: the compiler raises
+it while importing a file, and no frame of that file exists yet. Its own ``filename`` and ``lineno`` decide
+instead: a file of the workload's is the user's mistake at that line, even when it is a module that the
+workload's module imports; a file of dlscale's keeps the traceback; any other file (``<string>`` of an
+``eval``, a library's) leaves the decision to the frames.
+
 The workload's own files: the directory of the top-level package whose module defines the workload's class
 (so the data set and model modules beside it count too); for a workload in a top-level module (a file on
 ``PYTHONPATH``), that module's directory, or the file alone when the directory is a library directory
@@ -146,6 +152,11 @@ def error_from_user_code(
 ) -> WorkloadError | None:
     """The one-line error for ``exc`` raised while dlscale called ``member`` of the workload, or None when the
     rule of the module docstring makes it dlscale's (it then keeps its traceback)."""
+    if isinstance(exc, SyntaxError) and exc.filename and not exc.filename.startswith("<"):
+        if files.contain(exc.filename):
+            return _syntax_error_in_user_file(exc, workload_name, member)
+        if is_dlscale_file(Path(exc.filename).resolve()):
+            return None
     decisive = _innermost_decisive_frame(exc.__traceback__, files)
     if decisive is None or not decisive[0]:
         return None
@@ -159,6 +170,26 @@ def error_from_user_code(
         f"workload {workload_name!r}: {what} raised {type(exc).__name__}{detail} "
         f"(at {shown_path(code.co_filename)}:{line}, in {function})"
     )
+    return WorkloadError(message, "".join(traceback.format_exception(exc)))
+
+
+# The offending line is quoted in the one-line error up to this length (a longer one is in the traceback).
+QUOTED_LINE_LIMIT = 80
+
+
+def _syntax_error_in_user_file(exc: SyntaxError, workload_name: str, member: str | None) -> WorkloadError:
+    """``... raised SyntaxError: invalid syntax (at mine.py:2, column 7: 'def f(:')``: the place the compiler
+    gives, since no frame of the file is in the traceback."""
+    where = shown_path(str(exc.filename))
+    if exc.lineno:
+        where += f":{exc.lineno}"
+        if exc.offset:
+            where += f", column {exc.offset}"
+    quoted = (exc.text or "").strip()
+    if quoted and len(quoted) <= QUOTED_LINE_LIMIT:
+        where += f": {quoted!r}"
+    what = member if member is not None else "its code"
+    message = f"workload {workload_name!r}: {what} raised {type(exc).__name__}: {exc.msg} (at {where})"
     return WorkloadError(message, "".join(traceback.format_exception(exc)))
 
 

@@ -5,14 +5,12 @@ so "B's mean is higher than A's" says little. Two statistics answer better:
 
 * the interval of one config's mean samples/s: mean +- t * s / sqrt(n), with s the trials' sample standard
   deviation and t Student's 97.5 % quantile for n - 1 degrees of freedom (a 95 % interval);
-* the interval of the speed-up of a candidate over an incumbent: Welch's interval of the difference of the two
-  means (the two configs may scatter differently), divided by the incumbent's mean. Dividing by the estimated
-  mean rather than the true one makes the ratio's interval a little too narrow when the incumbent itself
-  scatters a lot; with a handful of trials of a few percent scatter the error is far below the interval's width.
-* the interval of the ratio of two very different rates (the bench's loader at 30,000 samples/s against a
-  model step at 160): Welch's interval of the difference of the mean *logarithms*, exponentiated
-  (:func:`ratio_interval`). Throughput noise is multiplicative (a disturbed trial runs at a fraction of the
-  speed), and an interval on the linear scale of two trials 20 % apart reaches below zero, where no rate lies.
+* the interval of the ratio of two throughputs (the bench's loader at 30,000 samples/s against a model step at
+  160, or a candidate's speed-up over an incumbent): Welch's interval of the difference of the mean
+  *logarithms* (the two may scatter differently), exponentiated (:func:`ratio_interval`). Throughput noise is
+  multiplicative (a disturbed trial runs at a fraction of the speed), and an interval on the linear scale of
+  two trials 20 % apart reaches below zero, where no rate lies ("0.17x (95% CI -0.15x-0.48x)"); on the
+  logarithms it is never negative. :func:`compare_throughputs` judges a speed-up on that same interval.
 
 A change counts as **faster** only when the whole interval of its speed-up lies above 1 and its estimate gains
 at least ``min_gain`` (a 1 % gain is real sometimes but not worth a knob); **slower** when the whole interval
@@ -93,7 +91,8 @@ def mean_interval(values: Sequence[float]) -> MeanInterval:
 
 @dataclass(frozen=True)
 class SpeedComparison:
-    """A candidate's speed-up over an incumbent: the ratio of their mean throughputs and its 95 % interval."""
+    """A candidate's speed-up over an incumbent: the ratio of their typical throughputs (geometric means of their
+    trials) and its 95 % interval, both :func:`ratio_interval`'s."""
 
     ratio: float
     low: float
@@ -109,18 +108,23 @@ class SpeedComparison:
         )
 
     def describe(self) -> str:
-        """'1.32x (95% CI 1.25x-1.40x): faster'."""
+        """'1.32x (95% CI 1.25x-1.40x): faster'; '0.17x (95% CI 0.061x-0.48x): slower'."""
         if not (math.isfinite(self.low) and math.isfinite(self.high)):
             interval = "no interval: too few trials"
         else:
-            interval = f"95% CI {self.low:.2f}x-{self.high:.2f}x"
-        text = f"{self.ratio:.2f}x ({interval}): {self.outcome}"
+            interval = f"95% CI {_times(self.low)}-{_times(self.high)}"
+        text = f"{_times(self.ratio)} ({interval}): {self.outcome}"
         if self.outcome == "within noise" and self.low > 1:
             text += f" (a gain below the {self.min_gain:.0%} worth keeping)"
         return text
 
     def to_json(self) -> dict[str, object]:
         return {"ratio": self.ratio, "low": self.low, "high": self.high, "outcome": self.outcome}
+
+
+def _times(ratio: float) -> str:
+    """'1.32x'; below 0.1 two significant digits ('0.061x'), so a small bound does not print as 0.00x."""
+    return f"{ratio:.2f}x" if ratio >= 0.1 else f"{ratio:.2g}x"
 
 
 @dataclass(frozen=True)
@@ -165,22 +169,13 @@ def ratio_interval(numerator: Sequence[float], denominator: Sequence[float]) -> 
 def compare_throughputs(
     candidate: Sequence[float], incumbent: Sequence[float], min_gain: float = 0.02
 ) -> SpeedComparison:
-    """Whether ``candidate``'s trials (samples/s) are faster than ``incumbent``'s beyond their noise."""
-    mean_c, var_c = _mean_and_variance(candidate)
-    mean_i, var_i = _mean_and_variance(incumbent)
-    if mean_i <= 0:
-        raise ValueError(f"the incumbent's mean throughput must be > 0, got {mean_i}")
-    ratio = mean_c / mean_i
-    if len(candidate) < 2 or len(incumbent) < 2:
-        return SpeedComparison(ratio, -math.inf, math.inf, "within noise", min_gain)
-    half = _welch_half_width(var_c, len(candidate), var_i, len(incumbent))
-    low, high = 1 + (mean_c - mean_i - half) / mean_i, 1 + (mean_c - mean_i + half) / mean_i
-    if half == 0:
-        low = high = ratio  # exactly, without the rounding of the sums above
-    if low > 1 and ratio >= 1 + min_gain:
+    """Whether ``candidate``'s trials (samples/s) are faster than ``incumbent``'s beyond their noise, judged on
+    :func:`ratio_interval` of the two: the verdict and the interval it prints are one computation."""
+    interval = ratio_interval(candidate, incumbent)
+    if interval.low > 1 and interval.ratio >= 1 + min_gain:
         outcome: Outcome = "faster"
-    elif high < 1:
+    elif interval.high < 1:
         outcome = "slower"
     else:
         outcome = "within noise"
-    return SpeedComparison(ratio, low, high, outcome, min_gain)
+    return SpeedComparison(interval.ratio, interval.low, interval.high, outcome, min_gain)

@@ -13,8 +13,8 @@ Weak scaling keeps the local batch (the global batch grows with N); strong scali
 local batch shrinks). The formulas are the same; the mode is read from the records' batch sizes, checked, and
 named in the outputs. Several records for one (N, noddp) are pooled: mean, std and the 95 % interval of the
 mean over all their trials (:mod:`dlscale.perf.bench.intervals`, as the bench and the tuner use); speed-up and
-efficiency carry the Welch interval of the ratio T(N) / T(B) (scaled by B / N for the efficiency), so a
-"90 % efficient" that two noisy trials cannot support reads as such.
+efficiency carry the interval of the ratio T(N) / T(B) (Welch's on the logarithms, so never negative; scaled by
+B / N for the efficiency), so a "90 % efficient" that two noisy trials cannot support reads as such.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ class ScalingPoint:
     ideal: float
     speedup: float | None = None
     efficiency: float | None = None
-    # 95 % intervals of speed-up and efficiency (Welch's, of T(N) / T(B)); infinite with single trials
+    # 95 % intervals of speed-up and efficiency (of T(N) / T(B), on the logarithms); unbounded with single trials
     speedup_interval: tuple[float, float] | None = None
     efficiency_interval: tuple[float, float] | None = None
     noddp_efficiency: float | None = None

@@ -1,0 +1,84 @@
+"""The checks of ``dlscale evaluate``, ``forecast`` and ``export`` that need only the command line and the file
+system, made before torch is imported: the bodies of these commands import it with the checkpoint machinery,
+which takes seconds (tens of seconds on a busy machine) before a mistyped option could be reported.
+
+Checked here: the run directory or checkpoint file exists; ``--checkpoint PATH`` names a file that exists; the
+forecast's ``--lead`` and ``--init`` are written as they must be and its counts are >= 1. The full checks stay
+where the work is done (:mod:`dlscale.checkpoint.selection`, :mod:`dlscale.run.forecast_times`, for the Python
+API too) and give the same messages: tests/unit/test_early_errors.py compares them. What needs the run's data or
+its workload (a lead beyond the data, a split the workload has not) is checked there alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from dlscale.errors import CheckpointError, ConfigError
+from dlscale.run.durations import parse_duration_hours
+
+CONFIG_FILE = "config.yaml"  # a run directory's resolved config (dlscale.checkpoint.selection.CONFIG_FILE)
+CHOICES = ("latest", "best")  # what --checkpoint takes besides a path
+
+
+def expects(command: str) -> str:
+    """What ``dlscale COMMAND`` takes, for the end of its messages."""
+    return (
+        f"dlscale {command} takes a run directory (holding checkpoints/ and config.yaml) or a checkpoint file "
+        "that dlscale wrote (ckpt_latest.pt, ckpt_best.pt, ckpt_step*.pt)"
+    )
+
+
+def check_checkpoint_target(target: str | Path, checkpoint: str | None, command: str) -> None:
+    """CheckpointError when ``target`` does not exist, or when ``checkpoint`` names a file that a run directory
+    ``target`` does not lead to (neither as a path nor inside its ``checkpoints/``)."""
+    path = Path(target).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist; {expects(command)}")
+    if not path.is_dir() or checkpoint is None or checkpoint in CHOICES:
+        return
+    nested = path.name == "checkpoints" and not (path / "checkpoints").is_dir()
+    run_dir = path.parent if nested else path
+    if not ((run_dir / "checkpoints").is_dir() or (run_dir / CONFIG_FILE).is_file()):
+        return  # not a run directory (a sharded checkpoint's, say): the command says what it is
+    chosen = Path(checkpoint).expanduser()
+    if not (chosen.exists() or (run_dir / "checkpoints" / chosen).exists()):
+        raise CheckpointError(
+            f"--checkpoint {checkpoint}: does not exist; --checkpoint takes {' or '.join(CHOICES)} (of {run_dir}) "
+            "or the path of a checkpoint file"
+        )
+
+
+def check_init(init: str) -> None:
+    """``--init``: ``every:DURATION``, ``every:N`` (model steps) or comma-separated dates."""
+    text = str(init).strip()
+    if text.startswith("every:"):
+        value = text[len("every:") :].strip()
+        if not value.isdigit():
+            parse_duration_hours(value, "--init every:")
+        return
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        try:
+            np.datetime64(item, "m")
+        except ValueError:
+            raise ConfigError(
+                f"--init: {item!r} is neither every:DURATION nor a date such as 2018-01-01T00 or 2018-01-01T12:00"
+            ) from None
+
+
+def check_evaluate_command(args: argparse.Namespace) -> None:
+    """``dlscale evaluate``'s checks before torch is imported."""
+    check_checkpoint_target(args.target, args.checkpoint, "evaluate")
+
+
+def check_forecast_command(args: argparse.Namespace) -> None:
+    """``dlscale forecast``'s checks before torch is imported."""
+    check_checkpoint_target(args.target, args.checkpoint, "forecast")
+    parse_duration_hours(args.lead, "--lead")
+    check_init(args.init)
+    if args.init_count is not None and args.init_count < 1:
+        raise ConfigError(f"--init-count {args.init_count}: expected a number of initial times >= 1")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ConfigError(f"--batch-size {args.batch_size}: expected a number of initial times >= 1")
