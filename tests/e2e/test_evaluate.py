@@ -85,7 +85,10 @@ def test_the_last_checkpoint_on_the_valid_split_gives_the_runs_final_validation(
     # the lines the end of the run printed, and the figures it drew
     out = capsys.readouterr().out
     assert "Evaluation (valid split, 23 samples, ckpt_latest): loss " in out
-    assert f"RMSE(u10m) {final['headline_value']:.4f}; persistence: loss {final['baseline_loss']:.4f}" in out
+    unit, scale = final["headline_unit"]
+    headline = f"{final['headline_value'] * scale:.3g} {unit} ({final['headline_value']:.4f} normalized)"
+    assert f"RMSE(u10m) {headline}; persistence: loss {final['baseline_loss']:.4f}" in out
+    assert document["headline_unit"] == [unit, pytest.approx(scale)] and unit == "m/s"
     assert "Skill per channel against persistence" in out and " m/s" in out
     directory = era5_run / "eval" / "valid-ckpt_latest"
     assert (

@@ -125,6 +125,12 @@ def test_final_line_names_the_workloads_baseline_and_leaves_out_what_it_lacks():
     era5 = {"val_loss": 0.0743, "headline": "RMSE(u10m)", "headline_value": 0.0702, "baseline": "persistence",
             "baseline_loss": 0.3195, "baseline_headline": 0.321}  # fmt: skip
     assert final_line(era5) == "loss 0.0743, RMSE(u10m) 0.0702; persistence: loss 0.3195, RMSE(u10m) 0.3210"
+    # with the headline's unit: in it, as the epoch lines give it, and normalized beside it
+    in_unit = final_line({**era5, "headline_unit": ["m/s", 3.79]})
+    assert in_unit == (
+        "loss 0.0743, RMSE(u10m) 0.266 m/s (0.0702 normalized); "
+        "persistence: loss 0.3195, RMSE(u10m) 1.22 m/s (0.3210 normalized)"
+    )
     classifier = {"val_loss": 0.25, "headline": "accuracy", "headline_value": 0.91, "baseline": "majority class",
                   "baseline_loss": None, "baseline_headline": 0.11}  # fmt: skip
     assert final_line(classifier) == "loss 0.2500, accuracy 0.9100; majority class: accuracy 0.1100"

@@ -44,6 +44,7 @@ def evaluation_document(validation: EvalSummary, identity: dict[str, Any]) -> di
         "loss": validation.loss,
         "headline": validation.headline,
         "headline_value": validation.scalars[validation.headline],
+        "headline_unit": validation.headline_unit(),
         "baseline": validation.baseline_name,
         "baseline_loss": validation.baseline_scalars.get("loss"),
         "baseline_headline": validation.baseline_scalars.get(validation.headline),

@@ -218,6 +218,7 @@ class RunSummary(Observer):
                 "val_loss": last["val_loss"],
                 "headline": last["headline"],
                 "headline_value": last["headline_value"],
+                "headline_unit": last.get("headline_unit"),
                 "baseline": last.get("baseline"),
                 "baseline_loss": last["baseline_loss"],
                 "baseline_headline": last["baseline_headline"],
@@ -268,6 +269,7 @@ def _row_of(validation: EvalSummary) -> dict[str, Any]:
         "val_loss": validation.loss,
         "headline": validation.headline,
         "headline_value": validation.scalars[validation.headline],
+        "headline_unit": validation.headline_unit(),
         "baseline": validation.baseline_name,
         "baseline_loss": validation.baseline_scalars.get("loss"),
         "baseline_headline": validation.baseline_scalars.get(validation.headline),
@@ -318,14 +320,23 @@ def report_skill(skill: ChannelSkill) -> None:
 
 
 def final_line(final: dict[str, Any]) -> str:
-    """'loss 0.0743, RMSE(u10m) 0.0702; persistence: loss 0.3195, RMSE(u10m) 0.3210' (the baseline's part only
-    with what the workload's baseline has; the headline once when it is the loss itself)."""
+    """'loss 0.0743, RMSE(u10m) 0.266 m/s (0.0702 normalized); persistence: loss 0.3195, RMSE(u10m) 1.22 m/s
+    (0.3210 normalized)' (the baseline's part only with what the workload's baseline has; the headline once when
+    it is the loss itself; in its unit, as the epoch lines give it, where ``headline_unit`` (unit, scale) says)."""
     headline = final["headline"]
+    unit, scale = final.get("headline_unit") or (None, None)
+
+    def text(key: str) -> str:
+        value = final[key]
+        if key.endswith("loss") or not unit:
+            return _readable(value)
+        return f"{value * scale:.3g} {unit} ({_readable(value)} normalized)"
+
     names = [("loss", "val_loss", "baseline_loss")]
     if headline != "loss":
         names.append((headline, "headline_value", "baseline_headline"))
-    line = ", ".join(f"{name} {_readable(final[key])}" for name, key, _ in names)
-    baseline = [f"{name} {_readable(final[key])}" for name, _, key in names if final.get(key) is not None]
+    line = ", ".join(f"{name} {text(key)}" for name, key, _ in names)
+    baseline = [f"{name} {text(key)}" for name, _, key in names if final.get(key) is not None]
     if final.get("baseline") and baseline:
         line += f"; {final['baseline']}: {', '.join(baseline)}"
     return line

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD, parse_duration_hours
+from dlscale.runtime.strict_json import to_json
 
 # Sections whose keys change how the work is laid out or read, never the numbers.
 LAYOUT_SECTIONS = frozenset({"parallel", "loader"})
@@ -123,7 +124,7 @@ def canonical_overrides(overrides: Sequence[str], homes: Mapping[str, str]) -> d
 
 def short_hash(items: Sequence[object]) -> str:
     """The first 8 hex digits of the SHA-256 of ``items`` as JSON: short, and the same on every machine."""
-    text = json.dumps(list(items), sort_keys=True)
+    text = to_json(list(items), indent=None)
     return hashlib.sha256(text.encode()).hexdigest()[:HASH_LENGTH]
 
 

@@ -168,6 +168,11 @@ class EvalSummary:
     seconds: float = 0.0
     samples: int = 0
 
+    def headline_unit(self) -> list | None:
+        """[unit, scale] of the headline when the evaluator knows them (value * scale is in unit), else None."""
+        known = self.units.get(self.headline)
+        return list(known) if known else None
+
 
 class Evaluator(Protocol):
     """What a workload provides to measure a model on validation batches (``Workload.evaluator``).

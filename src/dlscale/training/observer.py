@@ -47,9 +47,7 @@ class EpochReport:
             "headline": validation.headline,
             "headline_value": validation.scalars[validation.headline],
             # (unit, scale) of the headline when the evaluator knows it: value * scale is in unit (loss figure)
-            "headline_unit": list(validation.units[validation.headline])
-            if validation.headline in validation.units
-            else None,
+            "headline_unit": validation.headline_unit(),
             "baseline": validation.baseline_name,
             "baseline_loss": validation.baseline_scalars.get("loss"),
             "baseline_headline": validation.baseline_scalars.get(validation.headline),

@@ -35,7 +35,8 @@ def workload_names() -> list[str]:
     return [*BUILT_IN, *sorted(set(installed_workloads()) - set(BUILT_IN))]
 
 
-# Workload objects handed to the Python API (dlscale.train(my_workload, ...)): known by name in this process.
+# Workload objects handed to the Python API (dlscale.train(..., workload=my_workload)): known by name in this
+# process.
 _GIVEN: dict[str, Workload] = {}
 
 
