@@ -58,8 +58,9 @@ demo: $(STAMP)
 	fi
 
 # TEST_ENV tells tests/unit/test_dependencies.py which versions this venv must hold (floors or the lock).
+# --durations: the slowest tests in every log, so a CI machine's cold caches show where the time goes.
 test: lint
-	$(TEST_ENV) $(BIN)/python -m pytest -q
+	$(TEST_ENV) $(BIN)/python -m pytest -q --durations=25
 
 # The floors: a constraints file generated from pyproject.toml's lower bounds (torch among them: PyPI's build of
 # the floor release, which runs on a CPU too), a venv of its own, the whole suite. The dependency test checks
