@@ -267,12 +267,7 @@ def _row_of(validation: EvalSummary) -> dict[str, Any]:
     """The final block's numbers from a validation, as an epoch's history row holds them."""
     return {
         "val_loss": validation.loss,
-        "headline": validation.headline,
-        "headline_value": validation.scalars[validation.headline],
-        "headline_unit": validation.headline_unit(),
-        "baseline": validation.baseline_name,
-        "baseline_loss": validation.baseline_scalars.get("loss"),
-        "baseline_headline": validation.baseline_scalars.get(validation.headline),
+        **validation.headline_numbers(),
     }
 
 

@@ -173,6 +173,19 @@ class EvalSummary:
         known = self.units.get(self.headline)
         return list(known) if known else None
 
+    def headline_numbers(self) -> dict[str, Any]:
+        """The headline and the baseline's numbers as an epoch's history row, ``summary.json``'s ``final`` and
+        ``metrics.json`` hold them (each beside its own key for the loss)."""
+        return {
+            "headline": self.headline,
+            "headline_value": self.scalars[self.headline],
+            # (unit, scale) of the headline when the evaluator knows it: value * scale is in unit (loss figure)
+            "headline_unit": self.headline_unit(),
+            "baseline": self.baseline_name,
+            "baseline_loss": self.baseline_scalars.get("loss"),
+            "baseline_headline": self.baseline_scalars.get(self.headline),
+        }
+
 
 class Evaluator(Protocol):
     """What a workload provides to measure a model on validation batches (``Workload.evaluator``).
