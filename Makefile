@@ -59,8 +59,11 @@ demo: $(STAMP)
 
 # TEST_ENV tells tests/unit/test_dependencies.py which versions this venv must hold (floors or the lock).
 # --durations: the slowest tests in every log, so a CI machine's cold caches show where the time goes.
+# TEST_WORKERS: pytest-xdist processes, one per core of the 2-core CI machine (each test's torch runs one thread,
+# tests/conftest.py); worksteal evens out the long tests. TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 2
 test: lint
-	$(TEST_ENV) $(BIN)/python -m pytest -q --durations=25
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
 
 # The floors: a constraints file generated from pyproject.toml's lower bounds (torch among them: PyPI's build of
 # the floor release, which runs on a CPU too), a venv of its own, the whole suite. The dependency test checks

@@ -17,7 +17,8 @@ CONFIG_FILE = REPO / "configs" / "vit_era5.yaml"
 # against the other's half-written one. A suite now never depends on what another process compiles. This
 # runs before torch is imported; tempfile's cached answer is dropped so that this process uses TMPDIR too, and
 # every process a test starts inherits both.
-SUITE_TMP = REPO / "build" / "tmp"
+# Under pytest-xdist (`make test` runs two workers) each worker has a folder of its own, for the same reason.
+SUITE_TMP = REPO / "build" / "tmp" / os.environ.get("PYTEST_XDIST_WORKER", "main")
 SUITE_TMP.mkdir(parents=True, exist_ok=True)
 os.environ["TMPDIR"] = str(SUITE_TMP)
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(SUITE_TMP / "torchinductor")

@@ -1,5 +1,5 @@
-"""The CIFAR-100 ResNet workload end to end on generated data: it learns, and bench, bf16, torch.compile and DDP
-on 2 CPU ranks run on it, and bf16 and torch.compile follow the eager fp32 losses."""
+"""The CIFAR-100 ResNet workload end to end on generated data: it learns, bench, bf16 and DDP on 2 CPU ranks run on
+it, and bf16 follows the eager fp32 losses."""
 
 from __future__ import annotations
 
@@ -62,21 +62,24 @@ def test_dlscale_bench_runs_on_the_workload(tiny_cifar, tmp_path, capsys):
     assert all(len(record[test]["trial_throughput"]) == 1 for test in ("IO", "SYNTHETIC", "FULL"))
 
 
-# One small epoch (2 steps of 32, 32 validation images): BatchNorm's train and eval graphs compile once each, on
-# whole batches only (no dynamic-shape recompile).
+# One small epoch (2 steps of 32, 32 validation images).
 SMALL_EPOCH = ("train.num_epochs=1", "data.limit_nsamples=64", "data.limit_nsamples_val=32")
-SWITCHES = {"bf16": "train.amp_mode=bf16", "compiled": "train.enable_jit=true"}
+# bf16 only. torch.compile takes the same path in dlscale for every workload (run/assembly.py compiles the model
+# after the pre-flight check, which runs on the plain model); the MNIST and U-Net e2e tests and
+# tests/unit/test_precision.py hold it. ResNet-18's train and eval graphs cost 50-80 s of C++ builds on a cold
+# CI machine, the suite's most expensive test, for no path of dlscale's that the others miss.
+SWITCHES = {"bf16": "train.amp_mode=bf16"}
 
 
 @pytest.fixture(scope="module")
 def eager_losses(tiny_cifar, tmp_path_factory) -> Losses:
-    """The small epoch eagerly in fp32: what the bf16 and the compiled run are compared with."""
+    """The small epoch eagerly in fp32: what the bf16 run is compared with."""
     expdir = tmp_path_factory.mktemp("eager")
     return train_and_keep_losses(tiny(tiny_cifar, expdir, *SMALL_EPOCH), expdir / "tiny" / "00")
 
 
 @pytest.mark.parametrize("switch", list(SWITCHES))
-def test_bf16_and_compiled_epochs_follow_the_eager_losses(tiny_cifar, tmp_path, eager_losses, switch):
+def test_bf16_epochs_follow_the_eager_losses(tiny_cifar, tmp_path, eager_losses, switch):
     cfg = tiny(tiny_cifar, tmp_path, *SMALL_EPOCH, SWITCHES[switch])
     assert_follows_eager(train_and_keep_losses(cfg, tmp_path / "tiny" / "00"), eager_losses, switch)
 

@@ -134,7 +134,15 @@ def test_this_environment_holds_exactly_the_versions_its_job_names():
 # ------------------------------------------------------------------------------ the docs' table of versions
 
 # Tools that develop dlscale (the dev and docs extras) rather than run it: pinned in the lock, not in the table.
-DEVELOPER_TOOLS = {"pytest", "ruff", "line-profiler", "mkdocs", "mkdocs-material", "mkdocstrings"}
+DEVELOPER_TOOLS = {
+    "pytest",
+    "pytest-xdist",
+    "ruff",
+    "line-profiler",
+    "mkdocs",
+    "mkdocs-material",
+    "mkdocstrings",
+}
 
 
 def table_of_tested_versions() -> dict[str, tuple[str, str]]:

@@ -258,14 +258,16 @@ def test_the_committed_h100_record_renders(tmp_path: Path):
 def test_the_whole_call_rehearsed_on_the_cpu(tmp_path: Path):
     out = tmp_path / "out"
     argv = [
-        sys.executable, str(BENCHMARKS / "gpu_first_light.py"), "--rehearse", "--budget", "95",
+        sys.executable, str(BENCHMARKS / "gpu_first_light.py"), "--rehearse", "--budget", "240",
         "--out", str(out), "--scratch", str(tmp_path / "scratch"),
         # compile's rung is the same ladder.py run with other switches (checked above), and the tune part is
         # `dlscale tune` (tests/e2e/test_tune_cli.py) with a time cap: both left out for the suite's time
         "--ladder-rungs", "baseline,fused,compile_graphs",
         "--parts", "env,tests,data,attention,ladder,train,forecast",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "2"}
+    # one thread (the suite's, tests/conftest.py): the other xdist worker runs a test beside it on the 2 cores; the
+    # budget is a cap for a loaded machine (about 40 s alone)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=400)
     record = json.loads((out / "first_light.json").read_text())
     statuses = {name: part["status"] for name, part in record["parts"].items()}

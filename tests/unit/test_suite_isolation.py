@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SUITE_TMP = REPO / "build" / "tmp"
+BUILD_TMP = REPO / "build" / "tmp"
+# this process's own folder: "main" for a plain pytest, "gw0", "gw1", ... for pytest-xdist's workers
+SUITE_TMP = BUILD_TMP / os.environ.get("PYTEST_XDIST_WORKER", "main")
 
 
 def test_temporary_files_and_the_inductor_cache_are_under_this_checkouts_build_folder(tmp_path):
     assert Path(tempfile.gettempdir()) == SUITE_TMP
-    assert tmp_path.is_relative_to(SUITE_TMP)
+    # pytest's base folder is made by the process that starts the workers (under its own folder, "main")
+    assert tmp_path.is_relative_to(BUILD_TMP)
     assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).is_relative_to(SUITE_TMP)
 
 
