@@ -57,7 +57,7 @@ demo: $(STAMP)
 		$(BIN)/dlscale train --yaml_config configs/vit_era5.yaml --config $(DEMO_CONFIG); \
 	fi
 
-# TEST_ENV tells tests/unit/test_dependencies.py which versions this venv must hold (floors or the lock).
+# TEST_ENV tells tests/repository/test_dependencies.py which versions this venv must hold (floors or lock).
 # --durations: the slowest tests in every log, so a CI machine's cold caches show where the time goes.
 # TEST_WORKERS: pytest-xdist processes, one per core of the 2-core CI machine (each test's torch runs one thread,
 # tests/conftest.py); worksteal evens out the long tests. TEST_WORKERS=0 runs the suite in this one process.

@@ -76,7 +76,7 @@ from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import start_process_group, stop_process_group
 from dlscale.runtime.launch import detect_process
 from dlscale.runtime.local_ranks import run_ranks
-from dlscale.training.metrics import relative_l2_loss
+from dlscale.scoring.metrics import relative_l2_loss
 from dlscale.training.precision import AMP_DTYPES, Precision
 from dlscale.training.schedule import LRSchedule
 from dlscale.training.step import TrainStep

@@ -94,9 +94,15 @@ def config_location(source: str, name: str) -> str:
     return f"{source} [config {name!r}]"
 
 
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of ``exc``'s message, at most ``limit`` characters; its class's name when it has
+    none."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:limit] if lines else type(exc).__name__
+
+
 def exception_line(exc: BaseException, limit: int = 300) -> str:
-    """``TypeName: first line of the message``, at most ``limit`` characters: a library's exception inside one of
-    our one-line messages."""
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first}"[:limit]
+    """``TypeName: first line of the message`` (the name alone when there is no message), at most ``limit``
+    characters: a library's exception inside one of our one-line messages."""
+    lines = str(exc).strip().splitlines()
+    return (f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)[:limit]

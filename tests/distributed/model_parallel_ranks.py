@@ -20,7 +20,7 @@ from dlscale.parallel.vit_parallel import parallelize_vit
 from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import start_process_group, stop_process_group
 from dlscale.runtime.launch import detect_process
-from dlscale.training.metrics import relative_l2_loss
+from dlscale.scoring.metrics import relative_l2_loss
 
 CHANNELS = 3
 

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from forked_ranks import run_ranks
 
 from dlscale.runtime.device import Device
-from dlscale.training.evaluate import evaluate
-from dlscale.training.metric_evaluator import MetricEvaluator
+from dlscale.scoring.evaluator import evaluate
+from dlscale.scoring.metric_evaluator import MetricEvaluator
 
 SAMPLES = 7
 

@@ -21,7 +21,7 @@ from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import start_process_group, stop_process_group
 from dlscale.runtime.launch import detect_process
 from dlscale.runtime.run_lock import RunDirectoryLock
-from dlscale.training.nonfinite import NonFiniteWatch
+from dlscale.training.divergence.nonfinite import NonFiniteWatch
 from dlscale.training.observer import Observer
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"

@@ -66,8 +66,8 @@ def test_dlscale_bench_runs_on_the_workload(tiny_cifar, tmp_path, capsys):
 SMALL_EPOCH = ("train.num_epochs=1", "data.limit_nsamples=64", "data.limit_nsamples_val=32")
 # bf16 only. torch.compile takes the same path in dlscale for every workload (run/assembly.py compiles the model
 # after the pre-flight check, which runs on the plain model); the MNIST and U-Net e2e tests and
-# tests/unit/test_precision.py hold it. ResNet-18's train and eval graphs cost 50-80 s of C++ builds on a cold
-# CI machine, the suite's most expensive test, for no path of dlscale's that the others miss.
+# tests/training/test_precision.py hold it. ResNet-18's train and eval graphs cost 50-80 s of C++ builds on
+# a cold CI machine, the suite's most expensive test, for no path of dlscale's that the others miss.
 SWITCHES = {"bf16": "train.amp_mode=bf16"}
 
 

@@ -58,7 +58,7 @@ def nan_valid_era5(tmp_path_factory, tiny_era5: Path) -> Path:
 
 def steps_with_samples(cfg, samples: set[int], epochs: int) -> list[int]:
     """The global steps (0-based) whose global batch holds one of ``samples``, per the run's sampler."""
-    from dlscale.data.sampler import TrainingSampler
+    from dlscale.data.loading.sampler import TrainingSampler
 
     sampler = TrainingSampler(
         46, cfg.train.global_batch_size, shuffle=cfg.loader.shuffle, seed=cfg.train.seed

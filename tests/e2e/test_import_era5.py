@@ -51,7 +51,7 @@ def test_the_command_imports_and_prints_the_training_command(arco_of_synthetic, 
     assert (
         f"next step: dlscale train --yaml_config configs/vit_era5.yaml --config tiny --set data.root={out} "
         "--set 'data.img_size=[16,32]' --set data.n_in_channels=20 --set data.n_out_channels=20"
-    ) in printed  # the tiny config is made for this 16 x 32 grid (tests/unit/test_era5_next_step.py: others)
+    ) in printed  # the tiny config fits this 16 x 32 grid (tests/commands/test_era5_next_step.py: others)
     assert "multiples of 4 up to [16, 32]" in printed
     assert (
         main(["data", "import-era5", str(arco_of_synthetic), "--out", str(out), "--split", SYNTH_SPLIT]) == 0

@@ -40,8 +40,8 @@ def offline(tmp_path, monkeypatch):
 
 
 def unit_test_module(name: str) -> ModuleType:
-    """A module of tests/unit, loaded from its file (tests/unit is on the path only when its tests run)."""
-    path = Path(__file__).resolve().parents[1] / "unit" / f"{name}.py"
+    """A test module of tests/report, loaded from its file (on the path only when its own tests run)."""
+    path = Path(__file__).resolve().parents[1] / "report" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"_continuity_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -182,7 +182,7 @@ def test_a_kill_9_of_the_example_resumes_bitwise(heat_data, tmp_path, loss):
 def test_the_rollout_loss_trains_under_bf16_like_eager(heat_data, tmp_path):
     """The training_loss hook's model runs under the run's autocast: the losses follow the eager fp32 run's
     (tolerances: tests/e2e/follows_eager.py). That the hook gets the compiled forward is
-    tests/unit/test_step.py's check: a compiled e2e run here would add a cold compile (about 40 s on CI's
+    tests/training/test_step.py's check: a compiled e2e run here would add a cold compile (about 40 s on CI's
     fresh machine) for what the unit test already shows."""
     one_epoch = ["train.num_epochs=1", *ROLLOUT]
     losses = {}

@@ -10,7 +10,8 @@ import torch
 
 from dlscale.cli import main
 from dlscale.config import load_run_config
-from dlscale.models.vit import VisionTransformer, count_parameters
+from dlscale.models.parameters import count_parameters
+from dlscale.models.vit import VisionTransformer
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_FILE = REPO / "configs" / "vit_era5.yaml"

@@ -1,7 +1,7 @@
 """A forecast or an evaluation never silently replaces another (issue 36): on a tiny trained ERA5 run, results
 of other options land in directories of their own and both stay, the same options again replace their directory
 with a line saying what they replace, and every document records its options, its checkpoint and where it
-went. (How the names are spelled is tests/unit/test_results_directory.py.)"""
+went. (How the names are spelled is tests/run/test_results_directory.py.)"""
 
 from __future__ import annotations
 

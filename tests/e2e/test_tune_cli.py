@@ -35,7 +35,7 @@ def _differing_keys(first: dict, second: dict) -> dict[str, dict]:
 
 
 # torch.compile is left out: its trial is a cold C++ compile (about 20 s on CI's cores) and adds nothing to what
-# the climb's outputs show; tests/unit/test_tune_climb.py climbs past it.
+# the climb's outputs show; tests/tuning/test_tune_climb.py climbs past it.
 TUNED_OPTIONS = ("--num_data_workers", "0", "--skip", "enable_jit")
 
 

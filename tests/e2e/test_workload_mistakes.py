@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dlscale.training.evaluate import EvalSummary
+from dlscale.scoring.evaluator import EvalSummary
 from dlscale.workloads import Workload
 
 

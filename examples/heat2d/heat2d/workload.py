@@ -2,7 +2,7 @@
 
 What dlscale needs from a workload: its two config sections, the data sets, the model and the loss. The rest
 is optional: ``evaluator`` (its metrics against the persistence baseline, through dlscale's
-:class:`~dlscale.training.metric_evaluator.MetricEvaluator`; without it, validation reports the loss) and
+:class:`~dlscale.scoring.metric_evaluator.MetricEvaluator`; without it, validation reports the loss) and
 ``normalization_stats`` (what ``dlscale export`` saves beside the weights); the model's one-line description and
 its FLOP count come from dlscale's defaults. The package's ``pyproject.toml`` registers ``WORKLOAD`` under the
 ``dlscale.workloads`` entry points, which is how ``workload: heat2d`` in a config finds it.
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dlscale.training.metric_evaluator import MetricEvaluator
+from dlscale.scoring.metric_evaluator import MetricEvaluator
 from dlscale.workloads.protocol import Workload
 from heat2d.config import SPLITS, Heat2DDataConfig, Heat2DModelConfig
 from heat2d.dataset import Heat2DDataset

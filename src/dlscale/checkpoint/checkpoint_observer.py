@@ -17,8 +17,8 @@ from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.sharded_writer import ShardedCheckpointWriter
 from dlscale.checkpoint.training_state import sharded_training_state, training_payload
 from dlscale.parallel.shard_specs import is_dtensor
-from dlscale.training.divergence import Divergence
-from dlscale.training.nonfinite import first_nonfinite
+from dlscale.training.divergence.nonfinite import first_nonfinite
+from dlscale.training.divergence.policy import Divergence
 from dlscale.training.observer import EpochReport, Observer
 
 log = logging.getLogger("dlscale.train")

@@ -18,18 +18,8 @@ from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.files import foreign_file_kind
 from dlscale.checkpoint.resume import weight_key_changes, what_directory_holds
 from dlscale.checkpoint.sharded_files import is_sharded_checkpoint
+from dlscale.checkpoint.trained_run import CHOICES, CONFIG_FILE, expects
 from dlscale.errors import CheckpointError
-
-CONFIG_FILE = "config.yaml"
-CHOICES = ("latest", "best")  # what --checkpoint takes besides a path
-
-
-def expects(command: str) -> str:
-    """What ``dlscale COMMAND`` takes, for the end of its messages."""
-    return (
-        f"dlscale {command} takes a run directory (holding checkpoints/ and config.yaml) or a checkpoint file "
-        "that dlscale wrote (ckpt_latest.pt, ckpt_best.pt, ckpt_step*.pt)"
-    )
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ instant therefore leaves the previous checkpoint as the latest one, complete.
 With ``asynchronous``, a save only blocks the training loop while the tensors are copied to host memory (pinned
 on a GPU, so the copy is fast; from torch 2.13 the buffers are kept for the next save, so the staging memory is
 one copy of this rank's shards); a thread writes them, and the next save first waits for the previous one.
-Completed saves are published at the next call of :meth:`poll` (every step) or at :meth:`finish`.
+Completed saves are published at the next call of :meth:`ShardedCheckpointWriter.poll` (every step) or at
+:meth:`ShardedCheckpointWriter.finish`.
 """
 
 from __future__ import annotations

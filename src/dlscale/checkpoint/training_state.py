@@ -39,15 +39,15 @@ from dlscale.checkpoint.sharded_state import (
 from dlscale.checkpoint.sharded_writer import ShardedCheckpointWriter
 from dlscale.errors import CheckpointError
 from dlscale.runtime.rng import capture_rng_state, restore_rng_state
+from dlscale.training.observer import TrainerView
 from dlscale.training.train_progress import TrainProgress
-from dlscale.training.trainer import Trainer
 from dlscale.training.training_setup import TrainingSetup
 from dlscale.version import __version__
 
 log = logging.getLogger(__name__)
 
 
-def training_payload(trainer: Trainer) -> dict[str, Any]:
+def training_payload(trainer: TrainerView) -> dict[str, Any]:
     """Everything needed to continue ``trainer``'s run exactly where it is now (a single-file checkpoint)."""
     setup = trainer.setup
     trainer.flush_loss()
@@ -59,7 +59,7 @@ def training_payload(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def sharded_training_state(trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any]]:
+def sharded_training_state(trainer: TrainerView) -> tuple[dict[str, Any], dict[str, Any]]:
     """(this rank's tensors in the serial model's coordinates, the header with everything else) of a sharded
     checkpoint: no collective, no copy; any layout continues from it (see :mod:`.distributed_state`)."""
     setup = trainer.setup
@@ -75,7 +75,7 @@ def sharded_training_state(trainer: Trainer) -> tuple[dict[str, Any], dict[str, 
     return tensors, header
 
 
-def _run_state(trainer: Trainer) -> dict[str, Any]:
+def _run_state(trainer: TrainerView) -> dict[str, Any]:
     """A checkpoint's entries besides the model and optimizer tensors."""
     setup = trainer.setup
     return {

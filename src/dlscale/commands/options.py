@@ -17,7 +17,7 @@ from dlscale.perf.bench.scaling import MODES
 DEFAULT_SCALING_OUT = Path("scaling")
 DEFAULT_GPU_MEMORY_GB = 80.0
 # --preset of every `dlscale data synth-*`: the names of each generator's PRESETS, given to the parser so that a
-# wrong one is refused before a generator (some import torch) is (tests/unit/test_early_errors.py compares them).
+# wrong one is refused before a generator (some import torch) is (tests/commands/test_early_errors.py compares them).
 SYNTH_PRESETS = ("tiny", "demo", "full")
 
 

@@ -5,7 +5,7 @@ which takes seconds (tens of seconds on a busy machine) before a mistyped option
 Checked here: the run directory or checkpoint file exists; ``--checkpoint PATH`` names a file that exists; the
 forecast's ``--lead`` and ``--init`` are written as they must be and its counts are >= 1. The full checks stay
 where the work is done (:mod:`dlscale.checkpoint.selection`, :mod:`dlscale.run.forecast_times`, for the Python
-API too) and give the same messages: tests/unit/test_early_errors.py compares them. What needs the run's data or
+API too) and give the same messages: tests/commands/test_early_errors.py compares them. What needs the run's data or
 its workload (a lead beyond the data, a split the workload has not) is checked there alone.
 """
 
@@ -14,21 +14,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-
+from dlscale.checkpoint.trained_run import CHOICES, CONFIG_FILE, expects
 from dlscale.errors import CheckpointError, ConfigError
-from dlscale.run.durations import parse_duration_hours
-
-CONFIG_FILE = "config.yaml"  # a run directory's resolved config (dlscale.checkpoint.selection.CONFIG_FILE)
-CHOICES = ("latest", "best")  # what --checkpoint takes besides a path
-
-
-def expects(command: str) -> str:
-    """What ``dlscale COMMAND`` takes, for the end of its messages."""
-    return (
-        f"dlscale {command} takes a run directory (holding checkpoints/ and config.yaml) or a checkpoint file "
-        "that dlscale wrote (ckpt_latest.pt, ckpt_best.pt, ckpt_step*.pt)"
-    )
+from dlscale.run.durations import init_every_hours, parse_duration_hours, parse_init_date
 
 
 def check_checkpoint_target(target: str | Path, checkpoint: str | None, command: str) -> None:
@@ -54,18 +42,10 @@ def check_checkpoint_target(target: str | Path, checkpoint: str | None, command:
 def check_init(init: str) -> None:
     """``--init``: ``every:DURATION``, ``every:N`` (model steps) or comma-separated dates."""
     text = str(init).strip()
-    if text.startswith("every:"):
-        value = text[len("every:") :].strip()
-        if not value.isdigit():
-            parse_duration_hours(value, "--init every:")
+    if init_every_hours(text, step_hours=1.0) is not None:  # the model's step is unknown here: any will do
         return
     for item in (part.strip() for part in text.split(",") if part.strip()):
-        try:
-            np.datetime64(item, "m")
-        except ValueError:
-            raise ConfigError(
-                f"--init: {item!r} is neither every:DURATION nor a date such as 2018-01-01T00 or 2018-01-01T12:00"
-            ) from None
+        parse_init_date(item)
 
 
 def check_evaluate_command(args: argparse.Namespace) -> None:

@@ -35,7 +35,7 @@ from dlscale.config.yaml_source import (
     read_config_file,
     resolve_section,
 )
-from dlscale.data.loader_config import LoaderConfig
+from dlscale.data.loading.loader_config import LoaderConfig
 from dlscale.errors import ConfigError, config_location, did_you_mean
 from dlscale.parallel.parallel_config import ParallelConfig
 from dlscale.perf.bench.config import BenchConfig

@@ -2,7 +2,7 @@
 
 A workload whose model's output can be fed back as its input offers its split in this form through the optional
 ``forecast_data(data_cfg, split)`` member (the ERA5 workload's is
-:class:`dlscale.data.era5.trajectories.ERA5Trajectories`); :mod:`dlscale.training.rollout` rolls a model through it.
+:class:`dlscale.data.era5.trajectories.ERA5Trajectories`); :mod:`dlscale.scoring.rollout` rolls a model through it.
 """
 
 from __future__ import annotations

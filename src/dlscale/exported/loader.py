@@ -20,7 +20,7 @@ import torch
 
 from dlscale.checkpoint.files import load_model_state
 from dlscale.config import load_run_config
-from dlscale.data.npy_files import read_npy_array
+from dlscale.data.values.npy_files import read_npy_array
 from dlscale.errors import ExportError
 from dlscale.exported.layout import CONFIG_FILE, WEIGHTS_FILE, read_manifest, verify_files
 from dlscale.workloads import get_workload

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger(__name__)
+from dlscale.errors import exception_line
 
-_REASON_LENGTH = 300
+log = logging.getLogger(__name__)
 
 
 def export_program(model: torch.nn.Module, example: torch.Tensor, path: Path) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def export_program(model: torch.nn.Module, example: torch.Tensor, path: Path) ->
             break
         # torch.export raises many kinds (UserError, Unsupported, GuardOnDataDependentSymNode, ...)
         except Exception as exc:
-            reasons.append(f"{type(exc).__name__}: {_first_line(exc)}")
+            reasons.append(exception_line(exc))
     if program is None:
         reason = f"torch.export cannot export {type(model).__name__} ({reasons[-1]})"
         log.warning(
@@ -94,9 +94,3 @@ def _identical(actual: Any, expected: Any) -> bool:
             and all(_identical(a, e) for a, e in zip(actual, expected, strict=True))
         )
     return actual == expected
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    line = text.splitlines()[0] if text else ""
-    return line[:_REASON_LENGTH]

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.checkpoint.files import NotADlscaleCheckpoint, load_checkpoint
-from dlscale.checkpoint.selection import choose_checkpoint, expects
+from dlscale.checkpoint.selection import choose_checkpoint
+from dlscale.checkpoint.trained_run import expects
 from dlscale.errors import CheckpointError
 
 EXPORT_EXPECTS = expects("export")

@@ -43,7 +43,8 @@ from dlscale.exported.layout import (
 )
 from dlscale.exported.program import export_program
 from dlscale.exported.source import checkpoint_to_export, load_export_source
-from dlscale.runtime.atomic_files import fsync_directory
+from dlscale.models.parameters import count_parameters
+from dlscale.runtime.atomic_files import fsync_directory, fsync_file
 from dlscale.runtime.storage import as_storage_error
 from dlscale.runtime.strict_json import to_json
 from dlscale.version import __version__
@@ -209,7 +210,7 @@ def _write_export(
         },
         "input": {"shape": list(example.shape[1:]), "dtype": _dtype_name(example.dtype)},
         "output": {"shape": list(outputs.shape[1:]), "dtype": _dtype_name(outputs.dtype)},
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": count_parameters(model),
         "tensors": len(state),
         "normalization": normalization,
         "program": program,
@@ -336,11 +337,7 @@ def _sync_files(directory: Path) -> None:
     """Flush every file of ``directory`` to disk before its rename publishes them."""
     for path in directory.rglob("*"):
         if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(path)
     for folder in [directory, *(p for p in directory.rglob("*") if p.is_dir())]:
         fsync_directory(folder)
 

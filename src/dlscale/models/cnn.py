@@ -46,8 +46,3 @@ class MnistCNN(nn.Module):
         x = F.relu(self.fc1(torch.flatten(x, 1)))
         x = self.fc2(self.dropout2(x))
         return F.log_softmax(x, dim=1)
-
-
-def count_parameters(module: nn.Module) -> int:
-    """Number of scalar parameters in ``module``."""
-    return sum(param.numel() for param in module.parameters())

@@ -40,8 +40,3 @@ class ResNetConfig:
     def block_kind(self) -> str:
         """``basic`` or ``bottleneck``."""
         return STAGES[self.depth][0]
-
-    @property
-    def feature_channels(self) -> int:
-        """Channels entering the final linear layer."""
-        return 8 * self.width * EXPANSION[self.block_kind]

@@ -100,10 +100,6 @@ class UNet3D(nn.Module):
         return torch.tanh(self.conv_last(x))
 
 
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def unet_flops_per_sample(
     cfg: UNetConfig, data_size: int, in_channels: int = 4, out_channels: int = 5
 ) -> int:

@@ -226,11 +226,6 @@ class VisionTransformer(nn.Module):
         return self.unpatchify(self.head(self.norm(x)))
 
 
-def count_parameters(module: nn.Module) -> int:
-    """Number of scalar parameters in `module` (shared tensors counted once; works on the meta device)."""
-    return sum(param.numel() for param in module.parameters())
-
-
 def vit_flops_per_sample(
     cfg: ViTConfig, img_size: tuple[int, int], in_channels: int, out_channels: int
 ) -> int:

@@ -60,7 +60,7 @@ def group_rank(group: Group) -> int:
 def _own_chunk(x: torch.Tensor, dim: int, group: Group) -> torch.Tensor:
     sizes = split_sizes(x.shape[dim], group_size(group))
     rank = group_rank(group)
-    return x.narrow(dim, sum(sizes[:rank]), sizes[rank]).contiguous()
+    return x.split(sizes, dim=dim)[rank].contiguous()
 
 
 def all_reduce_sum(x: torch.Tensor, group: Group) -> torch.Tensor:
@@ -95,11 +95,7 @@ def reduce_scatter_chunks(x: torch.Tensor, dim: int, group: Group) -> torch.Tens
     backend = str(dist.get_backend(group))
     if backend not in _REDUCE_SCATTER_UNSUPPORTED:
         largest = max(sizes)
-        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-        inputs = [
-            _pad_to(x.narrow(dim, o, s).contiguous(), dim, largest)
-            for o, s in zip(offsets, sizes, strict=True)
-        ]
+        inputs = [_pad_to(chunk.contiguous(), dim, largest) for chunk in x.split(sizes, dim=dim)]
         output = torch.empty_like(inputs[0])
         try:
             dist.reduce_scatter(output, inputs, op=dist.ReduceOp.SUM, group=group)

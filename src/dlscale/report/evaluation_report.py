@@ -25,7 +25,7 @@ from dlscale.report.figures import save_png, validation_figures
 from dlscale.report.summary import final_line, report_skill
 from dlscale.runtime.storage import write_results_directory
 from dlscale.runtime.strict_json import to_json
-from dlscale.training.evaluate import EvalSummary
+from dlscale.scoring.evaluator import EvalSummary
 
 log = logging.getLogger("dlscale.train")
 

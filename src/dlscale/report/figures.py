@@ -16,7 +16,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter
 
-from dlscale.training.evaluate import ChannelSkill, ClassCounts, EvalSummary, ExampleImage
+from dlscale.scoring.evaluator import ChannelSkill, ClassCounts, EvalSummary, ExampleImage
 
 MAX_CONFUSION_CLASSES = 20  # a bigger confusion matrix is a grey wall: only the per-class accuracy is drawn
 LOWEST_SKILL_SHOWN = -1.0  # the skill axis stops here (a bar below it is cut, its value written)

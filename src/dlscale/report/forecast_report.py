@@ -26,7 +26,7 @@ from matplotlib.ticker import MaxNLocator
 
 from dlscale.data.trajectories import Trajectories
 from dlscale.report.forecast_selection import headline_channels, lead_text, report_leads
-from dlscale.training.rollout import CLIMATOLOGY, MODEL, PERSISTENCE, Rollout, RolloutMaps
+from dlscale.scoring.rollout import CLIMATOLOGY, MODEL, PERSISTENCE, Rollout, RolloutMaps
 
 log = logging.getLogger("dlscale.train")
 

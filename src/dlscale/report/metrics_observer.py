@@ -24,7 +24,7 @@ import torch
 from dlscale.report.figures import figure_to_rgb, validation_figures
 from dlscale.report.log_config import LogConfig
 from dlscale.report.loggers import ImageLogger, Loggers, open_loggers
-from dlscale.training.evaluate import EvalSummary
+from dlscale.scoring.evaluator import EvalSummary
 from dlscale.training.observer import EpochReport, Observer
 
 MAX_BUFFERED_STEPS = 256  # at most one extra host sync per this many steps, when the guard reads less often

@@ -10,26 +10,10 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from dlscale.runtime.progress_text import choose_progress_mode, format_duration
 from dlscale.training.observer import EpochReport, Observer
 
 log = logging.getLogger("dlscale.train")
-
-
-def format_duration(seconds: float) -> str:
-    """1h02m03s / 4m05s / 6s."""
-    seconds = int(round(max(seconds, 0.0)))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m{secs:02d}s"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
-def choose_progress_mode(mode: str, stream: TextIO = sys.stderr) -> str:
-    """Resolve ``auto``: a bar when the stream is a terminal, plain lines otherwise."""
-    if mode != "auto":
-        return mode
-    return "bar" if stream.isatty() else "lines"
 
 
 class ProgressReporter(Observer):
@@ -85,12 +69,11 @@ class ProgressReporter(Observer):
         rate = done / elapsed if elapsed > 0 else 0.0
         remaining = (plan.total_steps - p.global_step) / rate if rate > 0 else float("nan")
         in_epoch = plan.steps_in_epoch(p.epoch)
-        eta = format_duration(remaining) if remaining == remaining else "?"
         return (
             f"epoch {p.epoch + 1}/{plan.num_epochs}, step {p.step_in_epoch}/{in_epoch} "
             f"({100 * p.step_in_epoch / max(in_epoch, 1):.0f}%), loss {loss:.4f}, "
             f"{rate * trainer.setup.global_batch_size:.3g} samples/s overall, "
-            f"run {100 * p.global_step / plan.total_steps:.0f}% done, ETA {eta}"
+            f"run {100 * p.global_step / plan.total_steps:.0f}% done, ETA {format_duration(remaining)}"
         )
 
     def on_epoch_end(self, trainer, report: EpochReport) -> None:

@@ -16,9 +16,9 @@ from dlscale.report.figures import loss_curve_figure, save_png, validation_figur
 from dlscale.report.loggers import EPOCHS_CSV, STEPS_CSV, read_csv_columns
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
-from dlscale.training.divergence import Divergence
-from dlscale.training.evaluate import ChannelSkill, EvalSummary
-from dlscale.training.final_weights import FinalWeights, end_of_training
+from dlscale.scoring.evaluator import ChannelSkill, EvalSummary
+from dlscale.training.divergence.final_weights import FinalWeights, end_of_training
+from dlscale.training.divergence.policy import Divergence
 from dlscale.training.observer import EpochReport, Observer
 from dlscale.version import __version__
 

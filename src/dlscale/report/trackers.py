@@ -12,6 +12,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from dlscale.errors import first_line
+
 log = logging.getLogger("dlscale.report.loggers")
 
 
@@ -176,12 +178,6 @@ class MlflowLogger:
 
 
 FILE_STORE_SWITCH = "MLFLOW_ALLOW_FILE_STORE"
-
-
-def first_line(error: BaseException) -> str:
-    """An exception in one line: its message's first line, or its class's name when it has none."""
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
 
 
 def mlflow_name(name: str) -> str:

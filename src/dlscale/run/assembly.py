@@ -22,9 +22,9 @@ from dlscale.checkpoint.size import estimate_checkpoint_bytes
 from dlscale.checkpoint.training_state import restore_training
 from dlscale.config.run_config import RunConfig
 from dlscale.data.dataset_description import describe_dataset
-from dlscale.data.finite_check import FiniteCheckedBatches
-from dlscale.data.pipeline import build_batch_source
-from dlscale.data.sampler import EvaluationSampler, TrainingSampler
+from dlscale.data.loading.pipeline import build_batch_source
+from dlscale.data.loading.sampler import EvaluationSampler, TrainingSampler
+from dlscale.data.values.finite_check import FiniteCheckedBatches
 from dlscale.errors import ConfigError
 from dlscale.parallel.data_parallel import buffer_synchronizer, wrap_data_parallel
 from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum, report_layout

@@ -124,10 +124,10 @@ def default_bench_path(run_dir: Path, bench: BenchConfig, now: datetime | None =
     return _unused_path(run_dir / "bench", name.name, now)
 
 
-def default_sweep_dir(run_dir: Path, keys: Sequence[str], now: datetime | None = None) -> Path:
+def default_sweep_dir(run_dir: Path, keys: Sequence[str]) -> Path:
     """``<run_dir>/bench/<date-time>-sweep-<key>[-<key>...]/``: a sweep's files in a folder of their own, never
     over an earlier sweep's."""
-    return _unused_path(run_dir / "bench", "sweep-" + "-".join(keys), now)
+    return _unused_path(run_dir / "bench", "sweep-" + "-".join(keys), None)
 
 
 def _unused_path(folder: Path, name: str, now: datetime | None) -> Path:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.config import RunConfig
-from dlscale.training.divergence import Divergence
+from dlscale.training.divergence.policy import Divergence
 from dlscale.training.optim_config import OptimConfig
 
 SUGGESTED_LR_FRACTION = 0.25  # of the optim.lr that diverged: a clear step down, not a new search

@@ -1,18 +1,22 @@
-"""Durations written with a unit, as people say them (``10d``, ``36h``, ``90m``), for ``dlscale forecast``'s options.
+"""The times of ``dlscale forecast``'s options as people write them: durations with a unit (``10d``, ``36h``,
+``90m``), ``--init every:DURATION`` or ``every:N`` model steps, and ``--init`` dates.
 
 Torch-free, so the command line checks them before torch is imported
-(:mod:`dlscale.commands.trained_run_checks`) with the very function the forecast uses
-(:mod:`dlscale.run.forecast_times`).
+(:mod:`dlscale.commands.trained_run_checks`) with the very functions the forecast uses
+(:mod:`dlscale.run.forecast_times`) and that name its results directory (:mod:`dlscale.run.results_directory`).
 """
 
 from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from dlscale.errors import ConfigError
 
 _UNIT_MINUTES = {"d": 24 * 60, "h": 60, "m": 1}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([dhm])\s*$")
+_EVERY = "every:"
 
 
 def parse_duration_hours(text: str, option: str) -> float:
@@ -25,3 +29,23 @@ def parse_duration_hours(text: str, option: str) -> float:
             "m minutes)"
         )
     return float(match.group(1)) * _UNIT_MINUTES[match.group(2)] / 60
+
+
+def init_every_hours(init: str, step_hours: float) -> float | None:
+    """The hours between the initial times of ``--init every:VALUE``: VALUE a duration (``12h``) or a whole
+    number of model steps of ``step_hours`` (``every:2``); None when ``init`` lists dates instead."""
+    text = str(init).strip()
+    if not text.startswith(_EVERY):
+        return None
+    value = text[len(_EVERY) :].strip()
+    return int(value) * step_hours if value.isdigit() else parse_duration_hours(value, "--init every:")
+
+
+def parse_init_date(item: str) -> np.datetime64:
+    """One date of ``--init`` to the minute (``2018-01-01T00``, ``2018-01-01T12:00``); ConfigError otherwise."""
+    try:
+        return np.datetime64(item, "m")
+    except ValueError:
+        raise ConfigError(
+            f"--init: {item!r} is neither every:DURATION nor a date such as 2018-01-01T00 or 2018-01-01T12:00"
+        ) from None

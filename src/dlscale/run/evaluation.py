@@ -29,9 +29,9 @@ from dlscale.config import RunConfig, load_run_config
 from dlscale.config.run_config import flat_key_homes, recorded_run_config, section_classes
 from dlscale.config.yaml_source import read_config_file
 from dlscale.data.dataset_description import describe_dataset
-from dlscale.data.finite_check import FiniteCheckedBatches
-from dlscale.data.pipeline import build_batch_source
-from dlscale.data.sampler import EvaluationSampler
+from dlscale.data.loading.pipeline import build_batch_source
+from dlscale.data.loading.sampler import EvaluationSampler
+from dlscale.data.values.finite_check import FiniteCheckedBatches
 from dlscale.errors import CheckpointError, DlscaleError
 from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum
 from dlscale.report.evaluation_report import (
@@ -50,7 +50,7 @@ from dlscale.runtime.distributed import share_from_main, share_text_from_main
 from dlscale.runtime.launch import ProcessInfo, detect_process
 from dlscale.runtime.rng import seed_everything
 from dlscale.runtime.strict_json import to_json
-from dlscale.training.evaluate import evaluate
+from dlscale.scoring.evaluator import evaluate
 from dlscale.training.precision import Precision
 from dlscale.version import __version__
 from dlscale.workloads import get_workload

@@ -2,7 +2,7 @@
 
 The checkpoint and its config are found as ``dlscale evaluate`` finds them (:func:`dlscale.run.evaluation.prepare`:
 any layout's checkpoint, the run's config with ``--set`` changes). The workload gives the split as trajectories
-(its ``forecast_data`` member); :func:`dlscale.training.rollout.roll_out` feeds each prediction back as the next
+(its ``forecast_data`` member); :func:`dlscale.scoring.rollout.roll_out` feeds each prediction back as the next
 input, in inference mode with the run's precision, a batch of initial times at a time. Everything that can be
 checked is checked before the first step (the split, the lead against the data's reach, the initial times, the
 output format and its memory); rank 0 of one process writes ``forecast/<split>-<checkpoint>[-<options>]/`` at
@@ -62,8 +62,8 @@ from dlscale.runtime.launch import detect_process
 from dlscale.runtime.rng import seed_everything
 from dlscale.runtime.storage import write_results_directory
 from dlscale.runtime.strict_json import to_json
+from dlscale.scoring.rollout import Rollout, roll_out
 from dlscale.training.precision import Precision
-from dlscale.training.rollout import Rollout, roll_out
 from dlscale.version import __version__
 
 log = logging.getLogger("dlscale.train")

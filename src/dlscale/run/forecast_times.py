@@ -20,7 +20,7 @@ import numpy as np
 
 from dlscale.data.trajectories import ForecastStart
 from dlscale.errors import ConfigError, DataError
-from dlscale.run.durations import parse_duration_hours
+from dlscale.run.durations import init_every_hours, parse_duration_hours, parse_init_date
 
 DEFAULT_INIT = "every:12h"
 DEFAULT_LEAD = "10d"
@@ -70,8 +70,9 @@ def choose_starts(
             "choose a shorter --lead"
         )
     text = str(init).strip()
-    if text.startswith("every:"):
-        stride = _stride_in_states(text, step_hours, hours_per_index)
+    every_hours = init_every_hours(text, step_hours)
+    if every_hours is not None:
+        stride = _stride_in_states(text, every_hours, hours_per_index)
         chosen = [
             start
             for start, ahead in zip(candidates, reach, strict=True)
@@ -87,10 +88,8 @@ def choose_starts(
     return chosen
 
 
-def _stride_in_states(text: str, step_hours: float, hours_per_index: float) -> int:
-    """``every:12h`` or ``every:N`` (model steps) as a number of consecutive states."""
-    value = text[len("every:") :].strip()
-    hours = int(value) * step_hours if value.isdigit() else parse_duration_hours(value, "--init every:")
+def _stride_in_states(text: str, hours: float, hours_per_index: float) -> int:
+    """``every:12h`` or ``every:N`` (model steps), ``hours`` apart, as a number of consecutive states."""
     stride = hours / hours_per_index
     if hours <= 0 or abs(stride - round(stride)) > 1e-9:
         raise ConfigError(
@@ -117,12 +116,7 @@ def _listed_dates(
     by_time = {start.time: (start, ahead) for start, ahead in zip(candidates, reach, strict=True)}
     chosen = []
     for item in (part.strip() for part in text.split(",") if part.strip()):
-        try:
-            date = np.datetime64(item, "m")
-        except ValueError:
-            raise ConfigError(
-                f"--init: {item!r} is neither every:DURATION nor a date such as 2018-01-01T00 or 2018-01-01T12:00"
-            ) from None
+        date = parse_init_date(item)
         if date not in by_time:
             first, last = candidates[0].time, candidates[-1].time
             raise DataError(

@@ -40,7 +40,7 @@ from torch.utils.data import Dataset
 
 from dlscale.errors import WorkloadError, did_you_mean
 from dlscale.runtime.device import Device
-from dlscale.training.evaluate import Evaluator
+from dlscale.scoring.evaluator import Evaluator
 from dlscale.training.precision import Precision
 from dlscale.training.training_loss import ModelForLoss
 from dlscale.workloads.protocol import Workload
@@ -259,7 +259,7 @@ def _check_summary(check: _Checker, summary: Any, evaluator: Evaluator) -> str:
     if not isinstance(scalars, Mapping) or not isinstance(headline, str):
         raise check.fail(
             f"the evaluator's summary() returned a {type_text(summary)}; it must return an EvalSummary "
-            "(dlscale.training.evaluate) with scalars (a dict of numbers) and a headline (one of its keys)",
+            "(dlscale.scoring.evaluator) with scalars (a dict of numbers) and a headline (one of its keys)",
             where,
         )
     if headline not in scalars:

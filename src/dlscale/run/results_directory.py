@@ -27,9 +27,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
-import numpy as np
-
-from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD, parse_duration_hours
+from dlscale.run.durations import init_every_hours, parse_duration_hours, parse_init_date
+from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD
 from dlscale.runtime.strict_json import to_json
 
 # Sections whose keys change how the work is laid out or read, never the numbers.
@@ -83,9 +82,8 @@ def _init_label(init: str, step_hours: float) -> str:
     """``every12h`` for ``every:12h`` and for ``every:2`` model steps of 6 h; ``at20180101T00`` for one date,
     ``at3dates-<hash>`` for several (in their order: the order is the document's)."""
     text = str(init).strip()
-    if text.startswith("every:"):
-        value = text[len("every:") :].strip()
-        hours = int(value) * step_hours if value.isdigit() else parse_duration_hours(value, "--init every:")
+    hours = init_every_hours(text, step_hours)
+    if hours is not None:
         return f"every{duration_label(hours)}"
     dates = [_date_label(item.strip()) for item in text.split(",") if item.strip()]
     if len(dates) == 1:
@@ -95,7 +93,7 @@ def _init_label(init: str, step_hours: float) -> str:
 
 def _date_label(item: str) -> str:
     """``2018-01-01T00`` -> ``20180101T00``; minutes only when there are some (``20180101T0030``)."""
-    minute = str(np.datetime64(item, "m"))  # 2018-01-01T00:30
+    minute = str(parse_init_date(item))  # 2018-01-01T00:30
     day, clock = minute.split("T")
     hour, minutes = clock.split(":")
     return f"{day.replace('-', '')}T{hour}{minutes if minutes != '00' else ''}"

@@ -45,7 +45,7 @@ from dlscale.runtime.storage import (
     remove_stale_temporaries,
 )
 from dlscale.runtime.strict_json import to_json
-from dlscale.training.evaluate import evaluate
+from dlscale.scoring.evaluator import evaluate
 from dlscale.training.observer import Observer
 from dlscale.training.trainer import Trainer
 from dlscale.version import __version__

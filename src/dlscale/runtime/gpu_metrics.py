@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 import psutil
 
+from dlscale.errors import exception_line
+
 log = logging.getLogger("dlscale.monitor")
 
 GIB = 1024**3
@@ -321,11 +323,6 @@ def _warn_once(message: str) -> None:
         log.warning("%s", message)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or "no message"
-    return f"{type(exc).__name__}: {text}"
-
-
 def _unusable_library_message(library: str, reason: str) -> str:
     fix = {
         "NVML": "install nvidia-ml-py and check that the NVIDIA driver's libnvidia-ml loads",
@@ -349,7 +346,7 @@ def open_gpu_backend(indices: Sequence[int] | None = None) -> GpuBackend | None:
         try:
             backend = backend_class(indices)
         except Exception as exc:  # ImportError, NVMLError (no driver/GPU), amdsmi errors, a bad index
-            reasons[backend_class.name] = _one_line(exc)
+            reasons[backend_class.name] = exception_line(exc)
             log.debug("%s unavailable: %s", backend_class.name, reasons[backend_class.name])
             continue
         if backend._devices:

@@ -1,11 +1,10 @@
-"""Who holds a run directory's lock, and whether that process still lives: the identity a lock file records
-(host, pid, batch job, start time) and the checks on this host that tell a live holder from a dead one or a
-reused pid. :mod:`dlscale.runtime.run_lock` is the lease built on it."""
+"""Who holds a run directory's lock: the identity a lock file records (host, pid, batch job, start time) and
+the start time that tells the holder from a later process that reused its pid (whether the pid lives at all,
+``psutil.pid_exists`` says). :mod:`dlscale.runtime.run_lock` is the lease built on it."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -75,19 +74,6 @@ def parse_holder(raw: bytes, age_s: float) -> LockHolder | None:
         process_start=process_start if type(process_start) is int else None,
         heartbeat_age_s=age_s,
     )
-
-
-def pid_exists(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (also when it belongs to another user)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return True  # cannot tell: assume alive, a wrong "dead" would let two runs share the directory
-    return True
 
 
 def process_start_time(pid: int) -> int | None:

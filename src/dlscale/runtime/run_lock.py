@@ -45,12 +45,13 @@ from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 
+import psutil
+
 from dlscale.errors import RunDirectoryLocked, StorageError
 from dlscale.runtime.lock_holder import (
     LockHolder,
     job_id_from_environment,
     parse_holder,
-    pid_exists,
     process_start_time,
 )
 from dlscale.runtime.storage import storage_error
@@ -293,7 +294,7 @@ class RunDirectoryLock:
             return None
         holder = lock.holder
         if holder.host == self._host and holder.pid is not None:
-            if not pid_exists(holder.pid):
+            if not psutil.pid_exists(holder.pid):  # also a process of another user
                 return f"process {holder.pid} on this host no longer exists"
             start = process_start_time(holder.pid)
             if holder.process_start is not None and start is not None:

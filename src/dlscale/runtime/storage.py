@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from dlscale.errors import StorageError
+from dlscale.errors import StorageError, first_line
 from dlscale.runtime.atomic_files import is_temporary_name, write_directory_atomically
 
 log = logging.getLogger("dlscale.train")
@@ -109,8 +109,7 @@ def as_storage_error(
     where = path if path is not None else filename
     if where is not None:
         return storage_error(where, code, doing)
-    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
-    return StorageError(f"{doing}: {errno_in_words(code)} ({first_line}); {_ADVICE[code]}")
+    return StorageError(f"{doing}: {errno_in_words(code)} ({first_line(exc)}); {_ADVICE[code]}")
 
 
 def probe_writable(directory: Path) -> None:

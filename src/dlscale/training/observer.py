@@ -7,15 +7,35 @@ the loop short and lets a feature be added without touching it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from dlscale.training.evaluate import EvalSummary
+from dlscale.scoring.evaluator import EvalSummary
 
 if TYPE_CHECKING:
-    from dlscale.training.divergence import Divergence
-    from dlscale.training.trainer import Trainer
+    from dlscale.runtime.signals import StopRequest
+    from dlscale.training.divergence.policy import Divergence, DivergenceGuard
+    from dlscale.training.train_progress import TrainProgress
+    from dlscale.training.training_setup import TrainingSetup
+
+
+class TrainerView(Protocol):
+    """What observers (and the checkpoint and final-report code) may read of the trainer that calls them.
+
+    ``dlscale.training.trainer.Trainer`` is one. It is spelled out here so that observers need not import the
+    trainer, which imports them: the loop and what it calls form no circle.
+    """
+
+    setup: TrainingSetup  # the model, optimizer, data, device and policy of the run
+    progress: TrainProgress  # where the run is (epoch, step, losses so far)
+    guard: DivergenceGuard  # the divergence guard: whether checks are due, what diverged
+    stop: StopRequest  # a signal's stop request and its reason
+    last_fetch_seconds: float  # host time the last batch took to arrive
+    loss_read_at_step: int | None  # the global step at which the device-side loss sum was last read
+
+    def flush_loss(self) -> None:
+        """Move the device-side loss sum into ``progress`` (one host sync)."""
 
 
 @dataclass
@@ -56,26 +76,26 @@ class EpochReport:
 class Observer:
     """Base class with no-op hooks; override the ones you need."""
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         """Before the first step (also when resuming)."""
 
-    def on_epoch_start(self, trainer: Trainer) -> None:
+    def on_epoch_start(self, trainer: TrainerView) -> None:
         """Before an epoch's first step."""
 
-    def on_step_start(self, trainer: Trainer) -> None:
+    def on_step_start(self, trainer: TrainerView) -> None:
         """Before each optimizer step, once its batch is on the device; ``trainer.progress.step_in_epoch``
         is the 0-based index of the step about to run."""
 
-    def on_step_end(self, trainer: Trainer, loss: torch.Tensor) -> None:
+    def on_step_end(self, trainer: TrainerView, loss: torch.Tensor) -> None:
         """After each optimizer step; ``loss`` is a device tensor (calling ``.item()`` synchronizes)."""
 
-    def on_epoch_end(self, trainer: Trainer, report: EpochReport) -> None:
+    def on_epoch_end(self, trainer: TrainerView, report: EpochReport) -> None:
         """After validation; ``trainer.progress`` already points at the next epoch."""
 
-    def on_rollback(self, trainer: Trainer, divergence: Divergence) -> None:
+    def on_rollback(self, trainer: TrainerView, divergence: Divergence) -> None:
         """After the divergence policy ``rollback`` reloaded the last good checkpoint: ``trainer.progress`` is
         back at its position (steps after it will be trained again) and the LR is lower."""
 
-    def on_train_end(self, trainer: Trainer, outcome: str) -> None:
+    def on_train_end(self, trainer: TrainerView, outcome: str) -> None:
         """``outcome`` is "finished", "stopped" after a signal (then the position is mid-run), or "diverged"
-        (``trainer.divergence`` says where; nothing may be saved then)."""
+        (``trainer.guard.divergence`` says where; nothing may be saved then)."""

@@ -1,4 +1,5 @@
-"""The ``optim:`` config section: optimizer, learning rate, its schedule and batch-size scaling."""
+"""The torch optimizer an ``optim:`` section names (Adam, AdamW, Adadelta or SGD), fused or capturable where asked;
+the section itself, the learning rate and its batch-size scaling are ``optim_config.py``'s."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ class TrainStep:
     and leaves the weights and the optimizer state untouched when either is NaN or infinite, as fp16's
     GradScaler does for overflows; that check is a host sync every step. Under fp16 the scaler keeps handling
     gradient overflows itself (they are routine while it finds its scale), so only the loss is checked.
-    ``spike_check`` (loss -> device bool, :class:`~dlscale.training.loss_spike.LossSpikeWatch`) also skips a
+    ``spike_check`` (loss -> device bool, :class:`~dlscale.training.divergence.loss_spike.LossSpikeWatch`) also skips a
     step whose finite loss is an explosion.
 
     ``training_loss`` (the workload's hook, :mod:`dlscale.training.training_loss`) replaces ``loss_fn(forward(

@@ -38,7 +38,7 @@ class TrainConfig:
     max_skipped_steps: int = 10  # skip: the run stops as diverged after more skipped updates than this
     max_rollbacks: int = 3  # rollback: the run stops as diverged when it diverges again after this many
     rollback_lr_factor: float = 0.5  # rollback: multiplies the LR (the whole schedule) at each rollback
-    # A finite explosion (dlscale.training.loss_spike): a step loss above loss_spike_factor x the median of the
+    # A finite explosion (dlscale.training.divergence.loss_spike): a step loss above loss_spike_factor x the median of the
     # last loss_spike_window steps' losses is a sign of trouble in every policy, as NaN is; 0 switches it off.
     loss_spike_factor: float = 100.0
     loss_spike_window: int = 50

@@ -23,9 +23,9 @@ from dlscale.runtime.distributed import (
     set_collective_timeout,
 )
 from dlscale.runtime.signals import StopRequest
-from dlscale.training.divergence import DivergenceGuard, Recovery
-from dlscale.training.evaluate import evaluate
-from dlscale.training.final_weights import FinalWeights, settle_final_weights
+from dlscale.scoring.evaluator import evaluate
+from dlscale.training.divergence.final_weights import FinalWeights, settle_final_weights
+from dlscale.training.divergence.policy import DivergenceGuard, Recovery
 from dlscale.training.observer import EpochReport, Observer
 from dlscale.training.training_setup import TrainingSetup
 
@@ -34,7 +34,7 @@ log = logging.getLogger("dlscale.train")
 
 class Trainer:
     """The epoch loop. Everything optional (logs, progress, TensorBoard, checkpoints) is an observer; what a NaN
-    or inf does is the :class:`~dlscale.training.divergence.DivergenceGuard`'s business."""
+    or inf does is the :class:`~dlscale.training.divergence.policy.DivergenceGuard`'s business."""
 
     def __init__(
         self,
@@ -66,7 +66,7 @@ class Trainer:
 
         Before the observers hear of the end, ``final_weights`` says which weights the end-of-run report
         describes; a run that ends on weights the divergence guard distrusts has the last good checkpoint
-        loaded into the model then (:mod:`dlscale.training.final_weights`)."""
+        loaded into the model then (:mod:`dlscale.training.divergence.final_weights`)."""
         plan, p, guard = self.setup.plan, self.progress, self.guard
         if self.setup.process.world_size > 1:
             dump_flight_recorder_into(self.setup.run_dir / "hang", self.setup.device.is_gpu)

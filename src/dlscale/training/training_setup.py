@@ -16,14 +16,14 @@ from typing import Any, Protocol
 
 import torch
 
-from dlscale.data.finite_check import FiniteCheckedBatches
-from dlscale.data.pipeline import BatchSource
-from dlscale.data.sampler import TrainingSampler
+from dlscale.data.loading.pipeline import BatchSource
+from dlscale.data.loading.sampler import TrainingSampler
+from dlscale.data.values.finite_check import FiniteCheckedBatches
 from dlscale.parallel.mesh import ParallelMesh
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.runtime.nvtx import NO_MARKERS, StepMarkers
-from dlscale.training.evaluate import Evaluator
+from dlscale.scoring.evaluator import Evaluator
 from dlscale.training.precision import Precision
 from dlscale.training.schedule import EpochPlan, LRSchedule
 from dlscale.training.step import TrainStep
@@ -59,13 +59,13 @@ class FlopsRating(Protocol):
     def describe(self) -> str: ...
 
 
-# Batches on the device (see dlscale.data.pipeline), checked for NaN/inf when data.check_finite is on.
+# Batches on the device (see dlscale.data.loading.pipeline), checked for NaN/inf when data.check_finite is on.
 Batches = BatchSource | FiniteCheckedBatches
 
 
 @dataclass
 class Validation:
-    """How one validation pass runs on this rank (see :func:`dlscale.training.evaluate.evaluate`)."""
+    """How one validation pass runs on this rank (see :func:`dlscale.scoring.evaluator.evaluate`)."""
 
     loader: Batches
     evaluator: Evaluator

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.config import RunConfig, load_run_config
-from dlscale.errors import DlscaleError, TrainingDiverged
+from dlscale.errors import DlscaleError, TrainingDiverged, exception_line, first_line
 from dlscale.run.assembly import batch_sizes
 from dlscale.run.bench import bench_one_config
 from dlscale.run.config_plan import traced_plan_of
@@ -220,8 +220,5 @@ def _failure_status(error: BaseException) -> str:
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    message = text[0] if text else ""
-    if isinstance(error, DlscaleError):
-        return message
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+    """A failure in one line: a DlscaleError's own words, any other exception with its class's name."""
+    return first_line(error) if isinstance(error, DlscaleError) else exception_line(error)

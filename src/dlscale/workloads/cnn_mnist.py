@@ -2,7 +2,7 @@
 
 Loss: the negative log-likelihood of the network's log-probabilities (``F.nll_loss``). Metrics: the loss and
 top-1 accuracy on the validation split (MNIST's 10,000 test images, which the workshop tests on after every
-epoch), next to chance and the majority-class baseline (:class:`ClassificationEvaluator`), plus the
+epoch), next to chance and the majority-class baseline (:class:`~dlscale.scoring.classification.ClassificationEvaluator`), plus the
 workshop's own ``Test set: Average loss: ..., Accuracy: c/N (p%)`` line.
 """
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from dlscale.data.mnist.dataset import MNISTDataset
     from dlscale.models.cnn import MnistCNN
-    from dlscale.workloads.classification import MnistEvaluator
+    from dlscale.workloads.mnist_metrics import MnistEvaluator
 
 # torch and the model are imported inside the methods: reading a config imports this module for its two config
 # classes, and must stay instant (see dlscale.workloads). A user's own workload need not bother.
@@ -58,7 +58,7 @@ class CNNMnist(Workload):
         return F.nll_loss(prediction, target)
 
     def evaluator(self, valid_dataset: MNISTDataset, image_channel: str | None = None) -> MnistEvaluator:
-        from dlscale.workloads.classification import MnistEvaluator
+        from dlscale.workloads.mnist_metrics import MnistEvaluator
 
         # ``image_channel`` (log.image_channel) names a channel of gridded outputs; a classifier has none.
         return MnistEvaluator()
@@ -74,7 +74,7 @@ class CNNMnist(Workload):
         }
 
     def describe_model(self, model: MnistCNN) -> str:
-        from dlscale.models.cnn import count_parameters
+        from dlscale.models.parameters import count_parameters
 
         return (
             f"CNN with {count_parameters(model):,} parameters: conv 1->32->64 (3x3), max-pool, "

@@ -10,8 +10,8 @@ import torch
 
 from dlscale.data.cosmo.dataset import CosmoCropDataset
 from dlscale.errors import ConfigError, did_you_mean
-from dlscale.training.evaluate import EvalSummary, Evaluator, ExampleImage
-from dlscale.training.metrics import MetricSums
+from dlscale.scoring.evaluator import EvalSummary, Evaluator, ExampleImage
+from dlscale.scoring.metrics import MetricSums
 
 DENSITY_EXPONENT = 14.0  # channel 0 holds log(density) / 14 (the tutorial's loss undoes it with exp(14 x))
 HEADLINE = "L1"

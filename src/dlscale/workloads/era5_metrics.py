@@ -11,8 +11,8 @@ import torch
 from dlscale.data.era5.coordinates import GridCoordinates
 from dlscale.data.era5.dataset import ERA5Dataset
 from dlscale.errors import ConfigError, did_you_mean
-from dlscale.training.evaluate import ChannelSkill, EvalSummary, Evaluator, ExampleImage
-from dlscale.training.metrics import (
+from dlscale.scoring.evaluator import ChannelSkill, EvalSummary, Evaluator, ExampleImage
+from dlscale.scoring.metrics import (
     MetricSums,
     latitude_weights,
     relative_l2_per_sample,

@@ -84,7 +84,7 @@ class ERA5ViT(Workload):
         )
 
     def loss(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        from dlscale.training.metrics import relative_l2_loss
+        from dlscale.scoring.metrics import relative_l2_loss
 
         return relative_l2_loss(prediction, target)
 
@@ -118,7 +118,7 @@ class ERA5ViT(Workload):
         return ERA5Trajectories(data_cfg, split, CHANNEL_QUANTITIES)
 
     def describe_model(self, model: VisionTransformer) -> str:
-        from dlscale.models.vit import count_parameters
+        from dlscale.models.parameters import count_parameters
 
         return (
             f"ViT with {count_parameters(model):,} parameters: embed {model.embed_dim}, depth {len(model.blocks)}, "

@@ -24,12 +24,12 @@ Optional members, and what dlscale does without them:
 
 * ``name: str``: the workload's name in logs and checkpoints (default: the reference it was found by).
 * ``evaluator(valid_dataset, image_channel) -> Evaluator``: validation metrics (the contract and every field
-  of its ``EvalSummary``: :mod:`dlscale.training.evaluate`). Your metrics against a baseline in a few lines:
+  of its ``EvalSummary``: :mod:`dlscale.scoring.evaluator`). Your metrics against a baseline in a few lines:
   ``MetricEvaluator(valid_dataset, self.loss, metrics, baseline)``
-  (:class:`~dlscale.training.metric_evaluator.MetricEvaluator`: ``metrics(prediction, target)`` returns
+  (:class:`~dlscale.scoring.metric_evaluator.MetricEvaluator`: ``metrics(prediction, target)`` returns
   named errors, per sample or the batch's mean; ``baseline(inputs, targets)`` predicts as persistence,
   climatology or zeros would; means over all samples and ranks, and the skill ``1 - model / baseline``).
-  Default: :class:`~dlscale.training.loss_evaluator.LossEvaluator`, the mean validation loss per sample and,
+  Default: :class:`~dlscale.scoring.loss_evaluator.LossEvaluator`, the mean validation loss per sample and,
   for ``(batch, channels, H, W)`` outputs, the prediction-vs-target image of one channel.
 * ``training_loss(model, batch, step) -> scalar tensor``: the training loss of a batch when it needs more
   than ``loss(model(inputs), targets)``: a multi-step rollout (the model applied to its own output), a
@@ -88,7 +88,7 @@ if TYPE_CHECKING:
 
     from dlscale.data.trajectories import Trajectories
     from dlscale.parallel.mesh import ParallelMesh
-    from dlscale.training.evaluate import Evaluator
+    from dlscale.scoring.evaluator import Evaluator
 
 
 @runtime_checkable
@@ -118,7 +118,7 @@ class Workload(Protocol):
 
     def evaluator(self, valid_dataset: Dataset, image_channel: str | None = None) -> Evaluator:
         """The validation metrics (``image_channel``: ``log.image_channel``); default: the mean loss."""
-        from dlscale.training.loss_evaluator import LossEvaluator
+        from dlscale.scoring.loss_evaluator import LossEvaluator
 
         return LossEvaluator(self.loss, image_channel)
 
@@ -131,8 +131,9 @@ class Workload(Protocol):
 
     def describe_model(self, model: torch.nn.Module) -> str:
         """One line about the model for the start of the run's log."""
-        parameters = sum(p.numel() for p in model.parameters())
-        return f"{type(model).__name__} with {parameters:,} parameters"
+        from dlscale.models.parameters import count_parameters  # imports torch: once there is a model
+
+        return f"{type(model).__name__} with {count_parameters(model):,} parameters"
 
     def configured(self, model_cfg: Any, data_cfg: Any) -> Workload:
         """This workload bound to a run's config sections (the default needs none)."""

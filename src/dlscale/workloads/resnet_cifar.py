@@ -1,7 +1,7 @@
 """CIFAR-100 classification with a ResNet (the CSC/LUMI summer school's ResNet-152 demo).
 
 Loss: cross-entropy of the logits. Metrics: loss and top-1 accuracy on the test split, next to chance and the
-always-the-most-frequent-class baseline (:class:`~dlscale.workloads.classification.ClassificationEvaluator`).
+always-the-most-frequent-class baseline (:class:`~dlscale.scoring.classification.ClassificationEvaluator`).
 FLOPs for TFLOP/s and MFU are analytic (every conv and the linear layer), equal to what FlopCounterMode counts.
 """
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from dlscale.data.cifar.dataset import CIFARDataset
     from dlscale.models.resnet import ResNet
-    from dlscale.workloads.classification import ClassificationEvaluator
+    from dlscale.scoring.classification import ClassificationEvaluator
 
 # torch and the model are imported inside the methods: reading a config imports this module for its two config
 # classes, and must stay instant (see dlscale.workloads). A user's own workload need not bother.
@@ -70,7 +70,7 @@ class ResNetCIFAR(Workload):
     def evaluator(
         self, valid_dataset: CIFARDataset, image_channel: str | None = None
     ) -> ClassificationEvaluator:
-        from dlscale.workloads.classification import ClassificationEvaluator, per_sample_cross_entropy
+        from dlscale.scoring.classification import ClassificationEvaluator, per_sample_cross_entropy
 
         # image_channel names a field channel to plot for the gridded workloads; classifiers have none.
         return ClassificationEvaluator(
@@ -88,7 +88,7 @@ class ResNetCIFAR(Workload):
         }
 
     def describe_model(self, model: ResNet) -> str:
-        from dlscale.models.resnet import count_parameters
+        from dlscale.models.parameters import count_parameters
 
         cfg = model.cfg
         stem = "3x3 stride-1 stem (no max-pool)" if cfg.small_input_stem else "7x7 stride-2 stem + max-pool"

@@ -85,7 +85,7 @@ class UNetCosmo(Workload):
         return CosmoEvaluator(valid_dataset, self.lambda_rho, image_channel)
 
     def describe_model(self, model: UNet3D) -> str:
-        from dlscale.models.unet3d import count_parameters
+        from dlscale.models.parameters import count_parameters
 
         cfg = model.cfg
         return (

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from dlscale.errors import DlscaleError, WorkloadError
+from dlscale.errors import DlscaleError, WorkloadError, exception_line
 
 DLSCALE_DIRECTORY = Path(__file__).resolve().parents[1]
 LIBRARY_DIRECTORIES = frozenset({"site-packages", "dist-packages"})
@@ -164,10 +164,8 @@ def error_from_user_code(
     code = frame.f_code
     function = getattr(code, "co_qualname", code.co_name)
     what = member if member is not None else function
-    text = str(exc).strip().splitlines()
-    detail = f": {text[0]}" if text else ""
     message = (
-        f"workload {workload_name!r}: {what} raised {type(exc).__name__}{detail} "
+        f"workload {workload_name!r}: {what} raised {exception_line(exc)} "
         f"(at {shown_path(code.co_filename)}:{line}, in {function})"
     )
     return WorkloadError(message, "".join(traceback.format_exception(exc)))

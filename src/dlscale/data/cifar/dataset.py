@@ -223,7 +223,7 @@ class CIFARDataset(Dataset):
     def device_normalization(self) -> tuple[CIFARDataset, ImageConversion | None]:
         """A view reading raw uint8 images, and the conversion of their batches (done on the device).
 
-        The protocol of dlscale's gpu pipeline (``dlscale.data.normalization.SupportsDeviceNormalization``).
+        The protocol of dlscale's gpu pipeline (``dlscale.data.values.normalization.SupportsDeviceNormalization``).
         """
         if not self.convert:
             return self, None
@@ -236,7 +236,7 @@ class CIFARDataset(Dataset):
         return np.bincount(self.labels, minlength=self.num_classes)
 
     def describe_sample(self, index: int, epoch: int = 0) -> str:
-        """Where sample ``index`` lives, for error messages (see :mod:`dlscale.data.finite_check`)."""
+        """Where sample ``index`` lives, for error messages (see :mod:`dlscale.data.values.finite_check`)."""
         return f"record {index} of {self.path}"
 
     def __repr__(self) -> str:

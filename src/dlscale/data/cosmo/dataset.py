@@ -13,7 +13,7 @@ Reproducibility (where the tutorial drew from numpy's global RNG and ignored the
 
 * training sample ``i`` of epoch ``e`` has its corner and rotation drawn from ``(crop_seed, e, i)``: the same
   run gives the same crops whatever the workers, threads, ranks or a mid-epoch resume, and each epoch sees
-  fresh crops. The pipelines hand such a data set :class:`~dlscale.data.normalization.EpochIndex` keys;
+  fresh crops. The pipelines hand such a data set :class:`~dlscale.data.values.normalization.EpochIndex` keys;
 * validation sample ``i`` depends on ``(crop_seed, i)`` only, so every epoch is scored on the same crops and
   validation losses are comparable between epochs (the tutorial redrew them each epoch).
 
@@ -39,11 +39,10 @@ from torch.utils.data import Dataset
 
 from dlscale.data.cosmo.config import CosmoDataConfig
 from dlscale.data.cosmo.orientations import NUM_ORIENTATIONS, orient_array, orient_batch, orient_tensor
-from dlscale.data.normalization import EpochIndex, split_key
+from dlscale.data.values.normalization import EpochIndex, split_key
 from dlscale.errors import DataError
 
 INPUT_KEY, TARGET_KEY = "Nbody", "Hydro"
-INPUT_CHANNELS = ("dm_log_density", "dm_vx", "dm_vy", "dm_vz")
 TARGET_CHANNELS = ("gas_log_density", "temperature", "gas_vx", "gas_vy", "gas_vz")
 _STREAMS = {"train": 0, "valid": 1}  # seeds the two splits' crops independently
 
@@ -152,7 +151,7 @@ class CosmoCropDataset(Dataset):
         return inputs, targets
 
     def device_normalization(self) -> tuple[Dataset, Any]:
-        """The gpu pipeline's protocol (:mod:`dlscale.data.normalization`): raw samples and a device transform.
+        """The gpu pipeline's protocol (:mod:`dlscale.data.values.normalization`): raw samples and a device transform.
 
         ``inmem``: nothing is read on the host; the transform holds the volumes (moved to the device once) and
         cuts and rotates the crops there, from the batch's keys. ``lowmem``: the raw samples are the unrotated
@@ -191,7 +190,7 @@ class CosmoCropDataset(Dataset):
         self._handle_lock = threading.Lock()
 
     def describe_sample(self, index: int, epoch: int = 0) -> str:
-        """Where sample ``index`` of ``epoch`` is cut, for error messages (see :mod:`dlscale.data.finite_check`)."""
+        """Where sample ``index`` of ``epoch`` is cut, for error messages (see :mod:`dlscale.data.values.finite_check`)."""
         key = EpochIndex(epoch, index) if self.samples_depend_on_epoch else index
         corner, _ = self.planner.plan(key)
         return f"file {self.file}, {self.cfg.data_size}^3 crop at corner {corner}"

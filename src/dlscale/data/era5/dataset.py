@@ -33,7 +33,7 @@ from dlscale.data.era5.coordinates import GridCoordinates
 from dlscale.data.era5.hdf5_slabs import SlabReader
 from dlscale.data.era5.layout import ERA5_CHANNELS, FIELDS_KEY, load_stats, scan_split
 from dlscale.data.era5.mapped_fields import MappedFields, choose_read_method
-from dlscale.data.normalization import ChannelNormalizer
+from dlscale.data.values.normalization import ChannelNormalizer
 from dlscale.errors import DataError
 
 __all__ = ["ERA5_CHANNELS", "ERA5DataConfig", "ERA5Dataset"]
@@ -240,7 +240,7 @@ class ERA5Dataset(Dataset):
     def device_normalization(self) -> tuple[ERA5Dataset, ChannelNormalizer | None]:
         """A view of this split that reads raw (unnormalized) samples, and the normalizer of their batches.
 
-        The protocol of dlscale's gpu pipeline (``dlscale.data.normalization.SupportsDeviceNormalization``),
+        The protocol of dlscale's gpu pipeline (``dlscale.data.values.normalization.SupportsDeviceNormalization``),
         which normalizes on the device: the normalizer applied to a stacked batch of the view's samples
         gives, bitwise, the stacked samples of this data set. Without normalization, (self, None).
         """
@@ -305,7 +305,7 @@ class ERA5Dataset(Dataset):
         return state
 
     def describe_sample(self, index: int, epoch: int = 0) -> str:
-        """Where sample ``index`` lives, for error messages (see :mod:`dlscale.data.finite_check`)."""
+        """Where sample ``index`` lives, for error messages (see :mod:`dlscale.data.values.finite_check`)."""
         path, t = self.location(index)
         return f"file {path}, input time index {t}, target time index {t + self.cfg.dt}"
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from dlscale.data.era5.config import ERA5DataConfig
 from dlscale.data.era5.coordinates import GridCoordinates, check_same_grid, read_coordinates
-from dlscale.data.npy_files import read_npy_array
+from dlscale.data.values.npy_files import read_npy_array
 from dlscale.errors import DataError
 from dlscale.runtime.file_status import NOT_FOUND, why_not_a_file
 

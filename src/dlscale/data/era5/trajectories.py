@@ -29,8 +29,8 @@ import torch
 from dlscale.data.era5.config import ERA5DataConfig
 from dlscale.data.era5.dataset import ERA5Dataset
 from dlscale.data.era5.layout import FIELDS_KEY, TIME_KEY
-from dlscale.data.npy_files import read_npy_array
 from dlscale.data.trajectories import ForecastStart
+from dlscale.data.values.npy_files import read_npy_array
 from dlscale.errors import DataError
 from dlscale.runtime.file_status import NOT_FOUND, why_not_a_file
 

@@ -32,7 +32,6 @@ from dlscale.errors import DataError
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
-UBYTE = 0x08
 
 # split -> (images file, labels file), without the optional ".gz"
 SPLIT_FILES: dict[str, tuple[str, str]] = {
@@ -170,7 +169,7 @@ class MNISTDataset(Dataset):
     def device_normalization(self) -> tuple[MNISTDataset, PixelNormalizer | None]:
         """A view reading raw uint8 images, and the normalizer of its batches (4x less to copy to a GPU).
 
-        The protocol of dlscale's gpu pipeline (``dlscale.data.normalization.SupportsDeviceNormalization``):
+        The protocol of dlscale's gpu pipeline (``dlscale.data.values.normalization.SupportsDeviceNormalization``):
         the normalizer applied to stacked raw samples gives the stacked samples of this data set, bitwise.
         """
         if not self.normalize:
@@ -180,7 +179,7 @@ class MNISTDataset(Dataset):
         return raw, PixelNormalizer(self.cfg.mean, self.cfg.std)
 
     def describe_sample(self, index: int, epoch: int = 0) -> str:
-        """Where sample ``index`` lives, for error messages (see :mod:`dlscale.data.finite_check`)."""
+        """Where sample ``index`` lives, for error messages (see :mod:`dlscale.data.values.finite_check`)."""
         return f"image {index} of {self.files[0]}"
 
     def __repr__(self) -> str:

@@ -20,6 +20,7 @@ lies below 1; otherwise the trials cannot tell (**within noise**), and more tria
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -53,7 +54,8 @@ def _mean_and_variance(values: Sequence[float]) -> tuple[float, float]:
     n = len(values)
     if n == 0:
         raise ValueError("no trials")
-    mean = sum(values) / n
+    mean = statistics.fmean(values)
+    # Not statistics.variance: it raises AttributeError on a NaN or inf (Python 3.10, 3.11), where this is NaN.
     variance = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else math.nan
     return mean, variance
 

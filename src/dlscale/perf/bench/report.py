@@ -21,6 +21,7 @@ pipeline.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -293,11 +294,12 @@ class TrialSeries:
     @property
     def mean(self) -> float:
         """Mean trial throughput (global samples/s)."""
-        return sum(self.trial_throughput) / len(self.trial_throughput)
+        return statistics.fmean(self.trial_throughput)
 
     @property
     def std(self) -> float:
         """Population standard deviation of the trial throughputs, as benchy's np.std."""
+        # Not statistics.pstdev: it raises AttributeError on a NaN or inf (Python 3.10, 3.11).
         mean = self.mean
         return math.sqrt(sum((x - mean) ** 2 for x in self.trial_throughput) / len(self.trial_throughput))
 

@@ -11,15 +11,17 @@ Each test runs ``nwarmup`` unrecorded trials, then ``ntrials`` recorded ones. Ti
 (and, optionally, all ranks) at the first timed point and after each iteration, so queued GPU work is inside
 the interval it belongs to. Throughputs are global samples/s: local batch x world size per iteration.
 
-Unlike benchy, nothing here hijacks the DataLoader or exits the process: :func:`run_benchmark` returns its
-results, and every rank runs the same number of steps, so it works unchanged under DDP. Only rank 0 prints
-and writes files (benchy's rule); the verdict is drawn from rank 0's timings.
+Unlike benchy, nothing here hijacks the DataLoader or exits the process: a benchmark
+(:func:`dlscale.run.bench.run_benchmark`) returns its results, and every rank runs the same number of steps, so
+it works unchanged under DDP. Only rank 0 prints and writes files (benchy's rule); the verdict is drawn from rank
+0's timings.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -182,7 +184,7 @@ class TrialDriver:
             rates, elapsed, throughput = self._timed_trial(label, iteration)
             if not warmup:
                 series.rates.append(rates)
-                series.avg_iter_throughput.append(sum(rates) / len(rates))
+                series.avg_iter_throughput.append(statistics.fmean(rates))
                 series.trial_throughput.append(throughput)
                 series.trial_time.append(elapsed)
 
@@ -202,7 +204,7 @@ class TrialDriver:
                 self._print("BENCHY::%s::Iteration Throughput: %s", label, rates[-1])
         elapsed = previous - start
         throughput = _per_second(b.nbatches * self.samples_per_iteration, elapsed)
-        self._print("BENCHY::%s::Average Iteration Throughput: %s", label, sum(rates) / len(rates))
+        self._print("BENCHY::%s::Average Iteration Throughput: %s", label, statistics.fmean(rates))
         self._print("BENCHY::%s::Trial Throughput: %s", label, throughput)
         return rates, elapsed, throughput
 

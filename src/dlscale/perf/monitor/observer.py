@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import logging
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -171,11 +172,11 @@ def gather_across_ranks(numbers: dict[str, float | None], slowness: float, devic
         per_rank = [values[r][column] for r in range(world_size)]
         known_values = [v for v in per_rank if not math.isnan(v)] or [math.nan]
         spreads[name] = RankSpread(
-            min(known_values), max(known_values), sum(known_values) / len(known_values), per_rank
+            min(known_values), max(known_values), statistics.fmean(known_values), per_rank
         )
     slowness_per_rank = [values[r][-1] for r in range(world_size)]
     slowest = max(range(world_size), key=lambda r: slowness_per_rank[r])
-    return CrossRankSummary(spreads, slowest, slowness_per_rank[slowest], sum(slowness_per_rank) / world_size)
+    return CrossRankSummary(spreads, slowest, slowness_per_rank[slowest], statistics.fmean(slowness_per_rank))
 
 
 class MonitorObserver(Observer):

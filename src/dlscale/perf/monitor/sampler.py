@@ -5,6 +5,7 @@ a plain verdict. Device calls live in ``dlscale.runtime.gpu_metrics``; a GPU bac
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -122,7 +123,7 @@ class MetricsSampler:
 
 def _mean(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]  # a field the board did not report is left out, not zero
-    return sum(known) / len(known) if known else None
+    return statistics.fmean(known) if known else None
 
 
 def _peak(values: Sequence[float | None]) -> float | None:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from dlscale.errors import ConfigError, DlscaleError
+from dlscale.errors import ConfigError, DlscaleError, exception_line
 from dlscale.parallel.data_parallel import wrap_data_parallel
 from dlscale.parallel.mesh import MeshShape, ParallelMesh
 from dlscale.parallel.model_parallel import create_mesh
@@ -162,8 +162,7 @@ def check_layout(request: LayoutRequest) -> LayoutCheck:
     except DlscaleError as error:
         raise ConfigError(f"{request.describe()}: {error}") from None
     except Exception as error:  # a torch error: its first line is what the user needs
-        first = (str(error).strip().splitlines() or [""])[0]
-        raise ConfigError(f"{request.describe()}: {stage} failed: {type(error).__name__}: {first}") from None
+        raise ConfigError(f"{request.describe()}: {stage} failed: {exception_line(error)}") from None
     parameters = tuple(_rank_parameter(n, p, serial_shapes[n]) for n, p in model.named_parameters())
     trainable = tuple(
         ParameterInfo(p.name, p.local_shape, p.itemsize) for p in parameters if p.gradient_bytes is not None

@@ -217,11 +217,6 @@ class TutorialComparison:
     estimated_gb: float
     measured_gb: float
 
-    @property
-    def shortfall(self) -> float:
-        """How far below the measurement the estimate is, as a fraction of the measurement."""
-        return 1.0 - self.estimated_gb / self.measured_gb
-
 
 def tutorial_comparisons() -> list[TutorialComparison]:
     """The estimate of each run in :data:`TUTORIAL_MEASURED_GB` (tp ranks, one replica, local batch 16)."""

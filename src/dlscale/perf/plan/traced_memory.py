@@ -51,10 +51,6 @@ class TensorSpec:
         tensor = torch.as_tensor(value)
         return cls(tuple(tensor.shape), tensor.dtype)
 
-    def batch_bytes(self, batch: int) -> int:
-        """Bytes of a batch of ``batch`` such samples."""
-        return batch * math.prod(self.shape) * self.dtype.itemsize
-
     def __str__(self) -> str:
         return f"{str(self.dtype).removeprefix('torch.')} {tuple(self.shape)}"
 

@@ -39,10 +39,6 @@ class TracedPlanContext:
     model_parallel: str  # why tp/cp layouts are not listed
 
 
-def _gb(value: int) -> str:
-    return format_gb(value)
-
-
 def format_gb(value: float) -> str:
     """Bytes as GB for the table: two decimals, or a small model's few MB in scientific notation ("2.9e-3"),
     which two decimals would print as 0.00 in every column (6 characters at most either way)."""
@@ -60,10 +56,10 @@ def table_row(row: TracedRow) -> str:
     if memory is None:
         return start.rstrip()
     return (
-        f"{start}  {row.local_batch:>5}  {row.stored_parameters:>11,}  {_gb(memory.model_states):>6}  "
-        f"{_gb(memory.activations):>6}  {_gb(memory.batch):>6}  {_gb(memory.autocast_weight_copies):>6}  "
-        f"{_gb(memory.cuda_allowance):>4}  {_gb(memory.total):>6}  "
-        f"{memory.total / row.gpu_memory_bytes:>4.0%}"
+        f"{start}  {row.local_batch:>5}  {row.stored_parameters:>11,}  "
+        f"{format_gb(memory.model_states):>6}  {format_gb(memory.activations):>6}  {format_gb(memory.batch):>6}  "
+        f"{format_gb(memory.autocast_weight_copies):>6}  {format_gb(memory.cuda_allowance):>4}  "
+        f"{format_gb(memory.total):>6}  {memory.total / row.gpu_memory_bytes:>4.0%}"
     )
 
 
@@ -78,7 +74,7 @@ def describe_requested(result: TracedPlan) -> str:
     if not row.valid:
         return f"{where}: cannot run: {row.reason}."
     if row.fits:
-        return f"{where}: fits ({_gb(row.memory.total)} of {_gb(result.gpu_memory_bytes)} GB)."
+        return f"{where}: fits ({format_gb(row.memory.total)} of {format_gb(result.gpu_memory_bytes)} GB)."
     return f"{where}: does not fit: {row.reason}."
 
 
@@ -104,7 +100,7 @@ def traced_plan_report(result: TracedPlan, context: TracedPlanContext) -> list[s
         )
     header = (
         f"dlscale plan: config {context.config!r} ({context.source}), {result.gpus} GPU(s) with "
-        f"{_gb(result.gpu_memory_bytes)} GB each",
+        f"{format_gb(result.gpu_memory_bytes)} GB each",
         f"  model: {model} (traced on fake tensors: one forward and loss, nothing allocated)",
         f"  data: one sample is input {inputs}, target {targets}",
         f"  training: global batch {context.global_batch}, amp {context.amp_mode}, {context.optimizer.name}, data_parallel "

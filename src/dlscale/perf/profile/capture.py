@@ -23,8 +23,8 @@ from dlscale.training.observer import Observer
 
 if TYPE_CHECKING:
     from dlscale.runtime.device import Device
+    from dlscale.training.observer import TrainerView
     from dlscale.training.schedule import EpochPlan
-    from dlscale.training.trainer import Trainer
 
 __all__ = [
     "CudaProfilerWindow",
@@ -210,7 +210,7 @@ class CudaProfilerWindow(Observer):
         """The window in words, with 1-based epochs as the logs print them."""
         return f"epoch {self.epoch + 1}, steps {self.start_step} to {self.end_step - 1}"
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         setup, progress = trainer.setup, trainer.progress
         self._device = setup.device
         log.info(
@@ -232,7 +232,7 @@ class CudaProfilerWindow(Observer):
             for line in nsys_hint_lines(setup.run_dir, self.argv):
                 log.info("%s", line)
 
-    def on_step_start(self, trainer: Trainer) -> None:
+    def on_step_start(self, trainer: TrainerView) -> None:
         if not self.enabled or self.is_open or self.done:
             return
         progress = trainer.progress
@@ -240,16 +240,16 @@ class CudaProfilerWindow(Observer):
         if progress.epoch == self.epoch and self.start_step <= progress.step_in_epoch < self.end_step:
             self._open(progress.step_in_epoch, progress.global_step)
 
-    def on_step_end(self, trainer: Trainer, loss: object) -> None:
+    def on_step_end(self, trainer: TrainerView, loss: object) -> None:
         # step_in_epoch already counts the step just done, so it equals end_step after step end_step - 1.
         if self.is_open and trainer.progress.step_in_epoch >= self.end_step:
             self._close(trainer, "")
 
-    def on_epoch_end(self, trainer: Trainer, report: object) -> None:
+    def on_epoch_end(self, trainer: TrainerView, report: object) -> None:
         if self.is_open:  # the epoch had fewer batches than planned
             self._close(trainer, " (end of the epoch)")
 
-    def on_train_end(self, trainer: Trainer, outcome: str) -> None:
+    def on_train_end(self, trainer: TrainerView, outcome: str) -> None:
         if self.is_open:
             self._close(trainer, f" (the run {outcome} inside the window)")
 
@@ -265,7 +265,7 @@ class CudaProfilerWindow(Observer):
             "" if real else " [no CUDA profiler on the CPU: nothing is recorded]",
         )
 
-    def _close(self, trainer: Trainer, why: str) -> None:
+    def _close(self, trainer: TrainerView, why: str) -> None:
         nvtx.cuda_profiler_stop(self._device)
         self.is_open = False
         self.done = True

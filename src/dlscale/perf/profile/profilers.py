@@ -27,7 +27,7 @@ from dlscale.runtime.strict_json import to_json
 from dlscale.training.observer import Observer
 
 if TYPE_CHECKING:
-    from dlscale.training.trainer import Trainer
+    from dlscale.training.observer import TrainerView
 
 log = logging.getLogger("dlscale.profile")
 
@@ -62,7 +62,7 @@ class TorchProfilerObserver(Observer):
         self._on_gpu = False
         self._first_global_step = 0
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         setup, progress = trainer.setup, trainer.progress
         self._directory = Path(setup.run_dir) / "profiler"
         self._rank = setup.process.rank
@@ -101,7 +101,7 @@ class TorchProfilerObserver(Observer):
                 self.wait + self.warmup + self.active,
             )
 
-    def on_step_start(self, trainer: Trainer) -> None:
+    def on_step_start(self, trainer: TrainerView) -> None:
         # A profiler step runs from the start of one training step to the start of the next, so it holds all the
         # host work the loop does for that step after its observers ran (the divergence guard's check, logging;
         # validation and the checkpoint after an epoch's last step): the host syncs it counts are that step's.
@@ -111,7 +111,7 @@ class TorchProfilerObserver(Observer):
         if self.trace_path is not None:
             self._stop()  # frees the recorded events; the rest of the run is not profiled
 
-    def on_train_end(self, trainer: Trainer, outcome: str) -> None:
+    def on_train_end(self, trainer: TrainerView, outcome: str) -> None:
         if self._profiler is not None:
             self._stop()  # a run stopped inside the window still writes the steps it recorded
         if self.trace_path is None:
@@ -203,7 +203,7 @@ class LineProfileObserver(Observer):
         self.table: str | None = None
         self._profiler: Any = None
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         setup = trainer.setup
         name = "line_profile" if setup.process.rank == 0 else f"line_profile_rank{setup.process.rank}"
         self.table_path = Path(setup.run_dir) / f"{name}.txt"
@@ -218,7 +218,7 @@ class LineProfileObserver(Observer):
         self._profiler = profiler
         log.info("Line profiler on: the per-line table is written to %s at the end", self.table_path)
 
-    def on_train_end(self, trainer: Trainer, outcome: str) -> None:
+    def on_train_end(self, trainer: TrainerView, outcome: str) -> None:
         if self._profiler is None or self.table_path is None:
             return
         self._profiler.disable_by_count()

@@ -40,9 +40,15 @@ from dlscale.data.era5.importing.output import (
     claim_output,
     finished_year_matches,
     release_new_output,
-    remove_stale_temporaries,
 )
-from dlscale.data.era5.importing.plan import DEFAULT_SPLIT, YearFile, check_dt, parse_split, year_files
+from dlscale.data.era5.importing.plan import (
+    DEFAULT_SPLIT,
+    YearFile,
+    check_dt,
+    hour_text,
+    parse_split,
+    year_files,
+)
 from dlscale.data.era5.importing.progress import ByteProgress
 from dlscale.data.era5.importing.source import ERA5Source, open_source
 from dlscale.data.era5.importing.statistics import StreamingChannelStats
@@ -54,7 +60,7 @@ from dlscale.runtime.atomic_files import (
     write_bytes_atomically,
     write_text_atomically,
 )
-from dlscale.runtime.storage import as_storage_error
+from dlscale.runtime.storage import as_storage_error, remove_stale_temporaries
 from dlscale.runtime.strict_json import to_json
 from dlscale.version import __version__
 
@@ -147,7 +153,7 @@ def _plan_files(
         if len(missing):
             raise DataError(
                 f"{source.description}: variable {binding.variable!r} (channel {binding.name}) lacks "
-                f"{len(missing)} of the selected time steps, the first {np.datetime_as_string(missing[0], unit='h')}"
+                f"{len(missing)} of the selected time steps, the first {hour_text(missing[0])}"
                 f" (variable {first.name!r} has them); every channel needs every step"
             )
     return files
@@ -188,7 +194,8 @@ def _import_files(
     height, width = len(latitude), len(source.longitude)
     step_bytes = len(channels) * height * width * 4
     if status == "resume":
-        for stale in remove_stale_temporaries(out):
+        # The unfinished year files of an interrupted import (killed, out of power), in the split directories.
+        for stale, _ in remove_stale_temporaries([path for path in out.iterdir() if path.is_dir()]):
             report(f"import-era5: removed {stale}, the unfinished file of an interrupted import")
     finished = {
         (f.split, f.year): finished_year_matches(

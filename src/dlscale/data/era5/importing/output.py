@@ -22,7 +22,7 @@ import numpy as np
 from dlscale.data.era5.coordinates import LATITUDE_KEY, LONGITUDE_KEY
 from dlscale.data.era5.layout import FIELDS_KEY, TIME_KEY
 from dlscale.errors import DataError
-from dlscale.runtime.atomic_files import is_temporary_name, write_text_atomically
+from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.strict_json import to_json
 
 PLAN_FILE = "import.json"
@@ -72,14 +72,6 @@ def release_new_output(out: Path, status: str) -> None:
     finished = [path for path in out.glob("*/*.h5")]
     if not finished:
         shutil.rmtree(out, ignore_errors=True)
-
-
-def remove_stale_temporaries(out: Path) -> list[Path]:
-    """Temporary year files an interrupted import (killed, out of power) left behind; they are deleted."""
-    stale = [path for path in out.glob("*/.*") if path.is_file() and is_temporary_name(path.name)]
-    for path in stale:
-        path.unlink(missing_ok=True)
-    return stale
 
 
 def finished_year_matches(

@@ -93,13 +93,14 @@ def _check_no_gap(picked: np.ndarray, dt_hours: int, all_times: np.ndarray, wher
         at = int(wrong[0])
         source_step = np.diff(all_times).min() / np.timedelta64(1, "h") if len(all_times) > 1 else 0
         raise DataError(
-            f"{where}: {_when(picked[at + 1])} follows {_when(picked[at])} among the {dt_hours}-hourly steps "
-            f"(a gap; the source's finest step is {source_step:g} h); every step of a year must follow the "
-            f"previous one by --dt {dt_hours} h"
+            f"{where}: {hour_text(picked[at + 1])} follows {hour_text(picked[at])} among the "
+            f"{dt_hours}-hourly steps (a gap; the source's finest step is {source_step:g} h); every step of a "
+            f"year must follow the previous one by --dt {dt_hours} h"
         )
 
 
-def _when(time: np.datetime64) -> str:
+def hour_text(time: np.datetime64) -> str:
+    """A time as the import's messages name it, to the hour: ``2018-01-01T06``."""
     return str(np.datetime_as_string(time, unit="h"))
 
 

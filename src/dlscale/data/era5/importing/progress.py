@@ -1,6 +1,6 @@
 """The progress of a long import in bytes written: a tqdm bar with its GB/s on a terminal, a plain line every
 ``interval_s`` seconds in a batch log (a bar's carriage returns would fill a log file), as training's progress
-display does (:mod:`dlscale.report.progress_display`, which the data layer may not import)."""
+display does (both word themselves with :mod:`dlscale.runtime.progress_text`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-
-def resolve_mode(mode: str, stream: TextIO) -> str:
-    """``auto`` -> ``bar`` on a terminal, ``lines`` otherwise; ``bar``, ``lines`` and ``none`` as they are."""
-    if mode not in ("auto", "bar", "lines", "none"):
-        raise ValueError(f"progress mode must be auto, bar, lines or none, got {mode!r}")
-    if mode != "auto":
-        return mode
-    return "bar" if stream.isatty() else "lines"
+from dlscale.runtime.progress_text import choose_progress_mode, format_duration
 
 
 class ByteProgress:
@@ -31,7 +24,7 @@ class ByteProgress:
         stream: TextIO | None = None,
     ):
         self.stream = stream or sys.stderr
-        self.mode = resolve_mode(mode, self.stream)
+        self.mode = choose_progress_mode(mode, self.stream)
         self.total_bytes = total_bytes
         self.report = report
         self.interval_s = interval_s
@@ -75,20 +68,10 @@ class ByteProgress:
         percent = 100 * self.done_bytes / max(self.total_bytes, 1)
         return (
             f"import-era5: {self.done_bytes / 1e9:.2f}/{self.total_bytes / 1e9:.2f} GB ({percent:.0f}%), "
-            f"{rate:.2f} GB/s, {where}, ETA {_duration(left)}"
+            f"{rate:.2f} GB/s, {where}, ETA {format_duration(left)}"
         )
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-
-
-def _duration(seconds: float) -> str:
-    if seconds != seconds:
-        return "?"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m{secs:02d}s"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"

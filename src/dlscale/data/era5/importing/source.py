@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from dlscale.data.era5.importing.plan import hour_text
 from dlscale.errors import ConfigError, DataError
 
 TIME_NAMES = ("time", "valid_time")
@@ -82,7 +83,7 @@ class ERA5Source:
         self.longitude = np.array([])
         grid_of: str | None = None
         for where, dataset in datasets:
-            grid = _grid(dataset, where)
+            grid = _grid(dataset)
             if grid is None:
                 continue
             if grid_of is None:
@@ -258,7 +259,7 @@ def _roles(dims: tuple[str, ...]) -> dict[str, str] | None:
     return roles
 
 
-def _grid(dataset: Any, where: str) -> tuple[np.ndarray, np.ndarray] | None:
+def _grid(dataset: Any) -> tuple[np.ndarray, np.ndarray] | None:
     latitude = next((dataset[name] for name in LATITUDE_NAMES if name in dataset.coords), None)
     longitude = next((dataset[name] for name in LONGITUDE_NAMES if name in dataset.coords), None)
     if latitude is None or longitude is None:
@@ -293,8 +294,9 @@ def _join_segments(variable: SourceVariable) -> None:
     for previous, segment in zip(variable.segments, variable.segments[1:], strict=False):
         if len(previous.times) and len(segment.times) and segment.times[0] <= previous.times[-1]:
             raise DataError(
-                f"{segment.where}: variable {variable.name!r} starts at {_when(segment.times[0])}, before "
-                f"{previous.where} ends ({_when(previous.times[-1])}); files of one variable must not overlap in time"
+                f"{segment.where}: variable {variable.name!r} starts at {hour_text(segment.times[0])}, "
+                f"before {previous.where} ends ({hour_text(previous.times[-1])}); files of one variable must "
+                "not overlap in time"
             )
 
 
@@ -304,13 +306,9 @@ def _check_increasing(times: np.ndarray, where: str) -> None:
         position = int(np.argmax(steps <= np.timedelta64(0, "ns")))
         what = "repeats" if steps[position] == np.timedelta64(0, "ns") else "goes back"
         raise DataError(
-            f"{where}: the time axis {what} at position {position + 1}: {_when(times[position + 1])} follows "
-            f"{_when(times[position])}; times must strictly increase"
+            f"{where}: the time axis {what} at position {position + 1}: {hour_text(times[position + 1])} "
+            f"follows {hour_text(times[position])}; times must strictly increase"
         )
-
-
-def _when(time: np.datetime64) -> str:
-    return str(np.datetime_as_string(time, unit="h"))
 
 
 def _as_slice(indices: np.ndarray) -> slice | np.ndarray:

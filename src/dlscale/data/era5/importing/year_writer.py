@@ -19,7 +19,7 @@ import numpy as np
 
 from dlscale.data.era5.coordinates import LATITUDE_KEY, LONGITUDE_KEY
 from dlscale.data.era5.importing.names import ChannelSource
-from dlscale.data.era5.importing.plan import YearFile
+from dlscale.data.era5.importing.plan import YearFile, hour_text
 from dlscale.data.era5.importing.progress import ByteProgress
 from dlscale.data.era5.importing.source import ERA5Source
 from dlscale.data.era5.importing.statistics import StreamingChannelStats
@@ -136,7 +136,7 @@ def _check_finite(block: np.ndarray, times: np.ndarray, bindings: list[ChannelSo
     level = f" at {binding.level_hpa} hPa" if binding.level_hpa is not None else ""
     raise DataError(
         f"{where}: channel {binding.name} (variable {binding.variable!r}{level}) has "
-        f"{'NaN' if np.isnan(value) else value} at {np.datetime_as_string(times[step], unit='h')} "
+        f"{'NaN' if np.isnan(value) else value} at {hour_text(times[step])} "
         f"({len(rows)} of its grid points at that time, the first at output row {rows[0]}, column "
         f"{columns[0]}); --allow-nan keeps them (the statistics skip them)"
     )

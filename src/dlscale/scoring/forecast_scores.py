@@ -1,0 +1,97 @@
+"""The scores of a forecast against the truth per lead time and channel, as the field reports them.
+
+WeatherBench2's conventions, on fields in physical units:
+
+* **RMSE**, latitude-weighted: for each initial time i the weighted mean squared error over the grid,
+  ``MSE_i = mean_{lat, lon}(w_lat * (f - o)^2)`` with ``w_lat = cos(lat)`` scaled to average 1 over the rows;
+  then ``RMSE = sqrt(mean_i MSE_i)``: the square root comes **after** the mean over initial times (a mean of
+  per-time RMSEs, the tutorial's validation number, is smaller whenever the error varies between times).
+* **ACC**, the anomaly correlation against a climatology ``c``: for each initial time the weighted, uncentred
+  correlation of the anomalies ``f' = f - c`` and ``o' = o - c``,
+  ``ACC_i = sum(w f' o') / sqrt(sum(w f'^2) * sum(w o'^2))``, then the mean over initial times. A forecast that
+  is the climatology has no anomaly, so its ACC is undefined (NaN, ``null`` in JSON), not 0.
+
+The sums are float64 and per initial time, so a forecast scored in batches of initial times gives the same
+numbers as one scored at once (up to float64 rounding).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dlscale.scoring.metrics import latitude_weights
+
+
+class ForecastScores:
+    """Running sums of the weighted MSE and ACC of one forecaster per (lead, channel), over initial times."""
+
+    def __init__(
+        self,
+        n_leads: int,
+        n_channels: int,
+        latitudes: np.ndarray,
+        climatology: torch.Tensor | None = None,
+    ):
+        self.weights = latitude_weights(latitudes).double()  # (H,), averaging 1
+        self.climatology = climatology  # (C, H, W)
+        self.mse_sum = np.zeros((n_leads, n_channels))
+        self.acc_sum = np.zeros((n_leads, n_channels))
+        self.acc_count = np.zeros((n_leads, n_channels))  # initial times whose ACC is defined
+        self.count = np.zeros(n_leads, dtype=np.int64)
+
+    def add(
+        self,
+        lead: int,
+        forecast: torch.Tensor,
+        truth: torch.Tensor,
+        truth_anomaly: torch.Tensor | None = None,
+    ) -> None:
+        """Add the (N, C, H, W) forecasts of N initial times at lead index ``lead`` against their truth.
+        ``truth_anomaly``: ``truth`` minus the climatology, when the caller has it (several forecasters scored
+        against one truth share it). Grid sums run in the fields' precision (float32 for the model's), the sums
+        over initial times in float64."""
+        weights = self.weights.to(device=forecast.device, dtype=forecast.dtype)
+        error = forecast - truth
+        mse = _weighted_grid_mean(error * error, weights)  # (N, C)
+        self.mse_sum[lead] += mse.double().sum(dim=0).cpu().numpy()
+        self.count[lead] += forecast.shape[0]
+        if self.climatology is not None:
+            climatology = self.climatology.to(device=forecast.device, dtype=forecast.dtype)
+            if truth_anomaly is None:
+                truth_anomaly = truth - climatology
+            acc = anomaly_correlation(forecast - climatology, truth_anomaly, weights)  # (N, C)
+            defined = torch.isfinite(acc)
+            self.acc_sum[lead] += torch.where(defined, acc, 0.0).double().sum(dim=0).cpu().numpy()
+            self.acc_count[lead] += defined.sum(dim=0).cpu().numpy()
+
+    def rmse(self) -> np.ndarray:
+        """(leads, C): the square root of the mean over initial times of each time's weighted MSE."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.sqrt(self.mse_sum / self.count[:, None])
+
+    def acc(self) -> np.ndarray | None:
+        """(leads, C): the mean over initial times of each time's ACC (NaN where it is nowhere defined); None
+        without a climatology."""
+        if self.climatology is None:
+            return None
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.acc_count > 0, self.acc_sum / np.maximum(self.acc_count, 1), np.nan)
+
+
+def anomaly_correlation(
+    forecast_anomaly: torch.Tensor, truth_anomaly: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """(N, C): the weighted, uncentred correlation over the grid of two (N, C, H, W) anomaly fields (``weights``:
+    one per row); NaN where either has no anomaly at all."""
+    covariance = _weighted_grid_mean(forecast_anomaly * truth_anomaly, weights)
+    forecast_power = _weighted_grid_mean(forecast_anomaly * forecast_anomaly, weights)
+    truth_power = _weighted_grid_mean(truth_anomaly * truth_anomaly, weights)
+    denominator = torch.sqrt(forecast_power * truth_power)
+    return torch.where(denominator > 0, covariance / denominator, torch.full_like(covariance, float("nan")))
+
+
+def _weighted_grid_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """(N, C): the mean over (H, W) of ``values`` with each row weighted (the mean over longitudes first: one
+    multiplication per row, not per grid point)."""
+    return (values.mean(dim=-1) * weights).mean(dim=-1)
