@@ -145,6 +145,7 @@ def forecast(
     write: str | None = None,
     checkpoint: str | Path | None = None,
     overrides: Sequence[str] = (),
+    names: str = "wb2",
 ) -> dict[str, Any]:
     """``dlscale forecast``: roll the checkpoint's model forward up to ``lead`` (``"10d"``, ``"36h"``) from the
     initial times ``init`` (``"every:12h"``, ``"every:4"`` model steps, or ``"2018-01-01T00,2018-02-01T12"``; at most
@@ -159,10 +160,14 @@ def forecast(
     of its own for other options (``test-ckpt_latest-lead2d-init8``; see :mod:`dlscale.run.results_directory`):
     ``doc["output_dir"]`` is the directory, ``doc["options"]`` what was asked for. One process (not under
     torchrun).
+
+    ``write="netcdf"`` or ``"zarr"`` also writes the forecasts, in WeatherBench2's layout (``names="wb2"``:
+    ``geopotential`` with a ``level`` dimension, ``2m_temperature``, ...; see
+    :mod:`dlscale.report.forecast_files`) or one variable per channel (``names="short"``: ``z500``, ``t2m``).
     """
     if isinstance(overrides, str):
         overrides = [overrides]
-    options = ForecastOptions(split, lead, init, init_count, batch_size, write)
+    options = ForecastOptions(split, lead, init, init_count, batch_size, write, names)
     choice = str(checkpoint) if checkpoint is not None else None
     return forecast_checkpoint(run_dir_or_checkpoint, options, choice, overrides).document
 

@@ -83,6 +83,10 @@ BAD_COMMANDS = {
     "bad init": (["forecast", "RUN", "--init", "every:3x"], "--init every: '3x': expected a duration"),
     "bad init date": (["forecast", "RUN", "--init", "2018-13-45"], "--init: '2018-13-45' is neither"),
     "no initial times": (["forecast", "RUN", "--init-count", "0"], "--init-count 0: expected a number"),
+    "names without a file": (
+        ["forecast", "RUN", "--names", "short"],
+        "--names short: names the variables of",
+    ),
     "missing checkpoint": (
         ["evaluate", "RUN", "--checkpoint", "nosuch.pt"],
         "--checkpoint nosuch.pt: does not",

@@ -55,8 +55,20 @@ def test_the_dataset_reads_the_rows_and_columns_where_the_store_has_them(equiang
 
 def test_the_forecast_file_and_its_scores_use_the_stores_coordinates(equiangular):
     data, run, truth = equiangular
-    assert main(["forecast", str(run), "--lead", "12h", "--init", "every:6h", "--write", "netcdf"]) == 0
-    (directory,) = (run / "forecast").iterdir()
+    args = [
+        "forecast",
+        str(run),
+        "--lead",
+        "12h",
+        "--init",
+        "every:6h",
+        "--write",
+        "netcdf",
+        "--names",
+        "short",
+    ]
+    assert main(args) == 0
+    directory = run / "forecast" / "test-ckpt_latest-lead12h-every6h-netcdf-short"
     document = json.loads((directory / "scores.json").read_text())
     with xarray.open_dataset(directory / "forecast.nc", engine="h5netcdf") as written:
         np.testing.assert_array_equal(written.latitude.values, LATITUDES)
@@ -86,3 +98,35 @@ def test_the_forecast_file_and_its_scores_use_the_stores_coordinates(equiangular
             got_acc = [scores["acc"][c][lead] for c in channels]
             np.testing.assert_allclose(got_rmse, expected_rmse, rtol=1e-5, err_msg=forecaster)
             np.testing.assert_allclose(got_acc, acc.mean(axis=0), rtol=1e-5, atol=1e-7, err_msg=forecaster)
+
+
+def test_the_forecast_file_has_weatherbench2s_names_and_lines_up_with_the_store_by_coordinates(equiangular):
+    """Opened with xarray alone and lined up with the source store by its coordinates (valid time = initial time +
+    lead, latitude, longitude, level), the written forecast gives the RMSE scores.json reports."""
+    data, run, _ = equiangular
+    assert main(["forecast", str(run), "--lead", "12h", "--init", "every:6h", "--write", "zarr"]) == 0
+    directory = run / "forecast" / "test-ckpt_latest-lead12h-every6h-zarr"
+    document = json.loads((directory / "scores.json").read_text())
+    store = xarray.open_zarr(
+        data.parent / "wb2.zarr"
+    )  # south to north, (longitude, latitude), as WeatherBench2
+    forecast = xarray.open_zarr(directory / "forecast.zarr")
+    assert set(forecast.data_vars) == set(store.data_vars)  # the store's own variable names
+    assert forecast["geopotential"].dims == ("time", "prediction_timedelta", "level", "latitude", "longitude")
+    assert set(forecast.level.values) <= set(store.level.values)
+    weights = np.cos(np.deg2rad(forecast.latitude))
+    weights = weights / weights.mean()
+    for variable, level, channel in (("geopotential", 500, "z500"), ("2m_temperature", None, "t2m")):
+        for lead_index, hours in ((1, 6), (2, 12)):
+            lead = np.timedelta64(hours, "h")
+            predicted = forecast[variable].sel(prediction_timedelta=lead)
+            truth = store[variable].sel(time=forecast.time + lead)  # valid time, by coordinate
+            if level is not None:
+                predicted, truth = predicted.sel(level=level), truth.sel(level=level)
+            truth = truth.drop_vars("time").rename(time="initial")
+            predicted = predicted.rename(time="initial").drop_vars("initial")
+            # xarray lines the two up by latitude and longitude, whatever order each keeps them in
+            error = (predicted.astype(np.float64) - truth.sel(latitude=forecast.latitude)) ** 2
+            rmse = float(np.sqrt((error * weights).mean(("latitude", "longitude")).mean("initial")))
+            expected = document["scores"]["model"]["rmse"][channel][lead_index]
+            np.testing.assert_allclose(rmse, expected, rtol=1e-5, err_msg=f"{channel} at {hours} h")

@@ -108,10 +108,10 @@ def test_the_written_forecast_opens_in_xarray_lines_up_with_the_truth_and_equals
     fmt, era5_run, tiny_era5
 ):
     result = forecast_checkpoint(
-        era5_run, ForecastOptions(split="test", lead="12h", init="every:12h", write=fmt)
+        era5_run, ForecastOptions(split="test", lead="12h", init="every:12h", write=fmt, names="short")
     )
     name = "forecast.nc" if fmt == "netcdf" else "forecast.zarr"
-    path = era5_run / "forecast" / f"test-ckpt_latest-lead12h-{fmt}" / name
+    path = era5_run / "forecast" / f"test-ckpt_latest-lead12h-{fmt}-short" / name
     opened = xarray.open_dataset(path, engine="h5netcdf") if fmt == "netcdf" else xarray.open_zarr(path)
     with opened as written:
         assert tuple(written["z500"].dims) == ("time", "prediction_timedelta", "latitude", "longitude")

@@ -50,6 +50,7 @@ def test_forecasts_of_other_options_keep_their_own_directories(era5_run):
         "init_count": 2,
         "batch_size": None,
         "write": None,
+        "names": "wb2",
         "overrides": [],
     }
     progress = load_checkpoint(era5_run / "checkpoints" / "ckpt_latest.pt")["progress"]

@@ -24,8 +24,12 @@ HOMES = {"lr": "optim", "tensor_parallel": "parallel", "limit_nsamples_val": "da
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
-def forecast_name(lead=DEFAULT_LEAD, init=DEFAULT_INIT, count=None, write=None, step_hours=6.0, overrides=()):
-    parts = forecast_name_parts(lead, init, count, write, step_hours, override_name_part(overrides, HOMES))
+def forecast_name(
+    lead=DEFAULT_LEAD, init=DEFAULT_INIT, count=None, write=None, step_hours=6.0, overrides=(), names="wb2"
+):
+    parts = forecast_name_parts(
+        lead, init, count, write, step_hours, override_name_part(overrides, HOMES), names
+    )
     return results_directory_name("test", "ckpt_latest", parts)
 
 
@@ -43,6 +47,9 @@ def test_each_option_that_changes_the_results_adds_a_readable_part_in_a_fixed_or
     assert re.fullmatch(r"test-ckpt_latest-lead2d-every1d-init8-netcdf-set-[0-9a-f]{8}", name), name
     assert forecast_name(lead="2d", count=8) == "test-ckpt_latest-lead2d-init8"
     assert forecast_name(write="zarr") == "test-ckpt_latest-zarr"
+    # the file's variable names are part of what a written forecast is; without a file they change nothing
+    assert forecast_name(write="netcdf", names="short") == "test-ckpt_latest-netcdf-short"
+    assert forecast_name(names="short") == "test-ckpt_latest"
 
 
 @pytest.mark.parametrize(

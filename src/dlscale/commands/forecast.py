@@ -18,6 +18,7 @@ def run_forecast(args: argparse.Namespace) -> int:
         init_count=args.init_count,
         batch_size=args.batch_size,
         write=args.write,
+        names=args.names or "wb2",
         checkpoint=args.checkpoint,
         overrides=args.set,
     )

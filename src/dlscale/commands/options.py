@@ -193,6 +193,12 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("netcdf", "zarr"),
         help="also write the forecasts themselves (forecast.nc through h5netcdf, or forecast.zarr), for xarray",
     )
+    parser.add_argument(
+        "--names",
+        choices=("wb2", "short"),
+        help="with --write: the file's variable names, WeatherBench2's (geopotential with a level dimension, "
+        "2m_temperature, ...; the default) or the channels' own (z500, t2m)",
+    )
     add_trained_config_changes(parser, "data.root=/scratch/era5 or train.amp_mode=bf16")
 
 

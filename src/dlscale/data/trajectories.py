@@ -49,6 +49,11 @@ class Trajectories(Protocol):
     Optional: ``headline_channels``, a tuple of channel names, the ones the forecast's headline table, skill
     figure and maps lead with (the maps show the first). Without it: z500, t850, t2m and u10 where the data
     has them, else every channel when there are at most six, else the first six (the log says so).
+
+    Optional: ``weatherbench2_names``, one entry per channel: ``(variable, level in hPa or None)`` as
+    WeatherBench2's stores name the field (``("geopotential", 500)`` for z500), or None for a channel they do
+    not hold. With it, ``dlscale forecast --write`` writes WeatherBench2's layout (``--names wb2``, the default);
+    without it, every variable keeps its channel name.
     """
 
     channel_names: tuple[str, ...]  # the C channels a state holds, in order (model input == model output)
@@ -60,6 +65,7 @@ class Trajectories(Protocol):
     longitudes: np.ndarray  # (W,) degrees east of the grid's columns
     # Optional, and so not a member here (a protocol has no optional members; read with getattr):
     # headline_channels: tuple[str, ...]
+    # weatherbench2_names: tuple[tuple[str, int | None] | None, ...]
 
     def starts(self) -> list[ForecastStart]:
         """Every state a rollout can start from, in time order."""

@@ -1,10 +1,21 @@
 """The forecasts themselves as a file xarray opens: netCDF (h5netcdf engine) or zarr.
 
 Layout (WeatherBench2's forecast convention): dimensions ``time`` (the initial time), ``prediction_timedelta``
-(the lead), ``latitude`` (north to south, as the data) and ``longitude``; one float32 variable per channel
-(``z500``, ``t2m``, ...) with ``units`` and ``long_name``. The valid time of a value is ``time +
-prediction_timedelta``, so ``forecast.sel(time=t, prediction_timedelta=lead)`` lines up with the truth at
-``t + lead``. Data without dates gets ``time`` as the position of each initial time in the split.
+(the lead), ``latitude`` (north to south, as the data) and ``longitude``; float32 variables with ``units`` and
+``long_name``. The valid time of a value is ``time + prediction_timedelta``, so ``forecast.sel(time=t,
+prediction_timedelta=lead)`` lines up with the truth at ``t + lead``. Data without dates gets ``time`` as the
+position of each initial time in the split.
+
+Variable names (``--names``):
+
+* ``wb2`` (the default): as WeatherBench2's and ARCO-ERA5's stores name them, where the data says how
+  (``Trajectories.weatherbench2_names``): ``2m_temperature``, ``10m_u_component_of_wind``, and the
+  pressure-level fields as one variable each with a ``level`` dimension in hPa (``geopotential`` at levels 50,
+  500, 850, 1000 for the tutorial's z50, z500, z850, z1000), levels in ascending order. A field the data lacks at
+  a level of that coordinate (temperature at 50 hPa when only t500 and t850 are channels) is NaN there. A
+  channel WeatherBench2 has no name for keeps its own. So WeatherBench2's evaluation code, earth2studio and a
+  plain ``xarray`` ``sel(level=500)`` read the file as they read the field's own forecasts.
+* ``short``: one variable per channel, named as the channel (``z500``, ``t2m``), without ``level``.
 
 xarray is imported here only (the ``era5`` extra): a forecast that writes no file needs it not.
 """
@@ -19,9 +30,13 @@ from typing import Any
 import numpy as np
 
 from dlscale.data.trajectories import ForecastStart, Trajectories
-from dlscale.errors import ConfigError
+from dlscale.errors import ConfigError, DataError
 
 FORMATS = {"netcdf": "forecast.nc", "zarr": "forecast.zarr"}
+NAMES = (
+    "wb2",
+    "short",
+)  # --names: WeatherBench2's variables (default), or one per channel named as the channel
 
 
 def require_xarray(what: str) -> Any:
@@ -54,8 +69,10 @@ def forecast_dataset(
     starts: Sequence[ForecastStart],
     trajectories: Trajectories,
     attributes: dict[str, Any],
+    names: str = "wb2",
 ) -> Any:
-    """An xarray Dataset of ``forecasts`` (N initial times, leads 1..K, C, H, W) in the layout above."""
+    """An xarray Dataset of ``forecasts`` (N initial times, leads 1..K, C, H, W) in the layout above, its
+    variables named as ``names`` says (``wb2`` or ``short``)."""
     xarray = require_xarray("writing the forecast")
     steps = forecasts.shape[1]
     minutes = np.round(np.arange(1, steps + 1) * trajectories.step_hours * 60).astype(np.int64)
@@ -75,13 +92,79 @@ def forecast_dataset(
         ),
     }
     dims = ("time", "prediction_timedelta", "latitude", "longitude")
-    variables = {
-        name: (dims, forecasts[:, :, c], {"units": unit, "long_name": long_name})
-        for c, (name, unit, long_name) in enumerate(
-            zip(trajectories.channel_names, trajectories.units, trajectories.long_names, strict=True)
-        )
-    }
+    field_names = getattr(trajectories, "weatherbench2_names", None) if names == "wb2" else None
+    if field_names is None:
+        variables = {
+            name: (dims, forecasts[:, :, c], {"units": unit, "long_name": long_name})
+            for c, (name, unit, long_name) in enumerate(
+                zip(trajectories.channel_names, trajectories.units, trajectories.long_names, strict=True)
+            )
+        }
+    else:
+        variables, levels = _weatherbench2_variables(forecasts, trajectories, field_names)
+        if levels:
+            coords["level"] = (
+                "level",
+                np.asarray(levels, np.int64),
+                {"units": "hPa", "long_name": "pressure level"},
+            )
     return xarray.Dataset(variables, coords=coords, attrs=_netcdf_attributes(attributes))
+
+
+def _weatherbench2_variables(
+    forecasts: np.ndarray, trajectories: Trajectories, field_names: Sequence[tuple[str, int | None] | None]
+) -> tuple[dict[str, Any], list[int]]:
+    """The variables of the ``wb2`` layout and the ``level`` coordinate (ascending hPa; empty without
+    pressure-level fields)."""
+    channels = trajectories.channel_names
+    if len(field_names) != len(channels):
+        raise DataError(
+            f"the data names {len(field_names)} WeatherBench2 fields for its {len(channels)} channels; "
+            "write with --names short"
+        )
+    surface: dict[str, int] = {}  # variable -> channel index
+    by_level: dict[str, dict[int, int]] = {}  # variable -> level -> channel index
+    owners: dict[tuple[str, int | None], str] = {}  # (variable, level) -> the channel that became it
+    for c, (channel, field) in enumerate(zip(channels, field_names, strict=True)):
+        variable, level = field if field is not None else (channel, None)
+        # one channel per (variable, level), and a variable is a surface field or on levels, not both
+        clash = owners.get((variable, level)) or next(
+            (owner for (v, lv), owner in owners.items() if v == variable and (lv is None) != (level is None)),
+            None,
+        )
+        if clash is not None:
+            raise DataError(
+                f"channels {clash} and {channel} both become WeatherBench2's {variable!r}; write the forecast with "
+                "--names short"
+            )
+        owners[(variable, level)] = channel
+        if level is None:
+            surface[variable] = c
+        else:
+            by_level.setdefault(variable, {})[level] = c
+    levels = sorted({level for per_level in by_level.values() for level in per_level})
+    grid = ("time", "prediction_timedelta", "latitude", "longitude")
+    variables: dict[str, Any] = {}
+    for variable, c in surface.items():
+        attrs = {"units": trajectories.units[c], "long_name": trajectories.long_names[c]}
+        variables[variable] = (grid, forecasts[:, :, c], attrs)
+    for variable, per_level in by_level.items():
+        n, steps, _, height, width = forecasts.shape
+        values = np.full((n, steps, len(levels), height, width), np.nan, dtype=forecasts.dtype)
+        for level, c in per_level.items():
+            values[:, :, levels.index(level)] = forecasts[:, :, c]
+        first = next(iter(per_level.values()))
+        attrs = {
+            "units": trajectories.units[first],
+            "long_name": variable.replace("_", " "),
+            "channels": ",".join(channels[c] for _, c in sorted(per_level.items())),
+        }
+        variables[variable] = (
+            ("time", "prediction_timedelta", "level", "latitude", "longitude"),
+            values,
+            attrs,
+        )
+    return variables, levels
 
 
 def _netcdf_attributes(attributes: dict[str, Any]) -> dict[str, Any]:

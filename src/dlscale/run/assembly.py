@@ -30,7 +30,7 @@ from dlscale.parallel.data_parallel import buffer_synchronizer, wrap_data_parall
 from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum, report_layout
 from dlscale.perf.flops import Utilization, compute_precision, training_flops_per_sample
 from dlscale.perf.profile.capture import build_profiling
-from dlscale.run.preflight import PreflightReport, checked_splits, preflight_check
+from dlscale.run.preflight import SAMPLES_PER_BATCH, PreflightReport, checked_splits, preflight_check
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.runtime.nvtx import NO_MARKERS
@@ -128,7 +128,9 @@ def build_training(
     with raised_by_workload(workload, "evaluator"):
         evaluator = workload.evaluator(valid_set, cfg.log.image_channel)
     # Before the FLOP count and any wrapper: the first samples through the plain model, loss and evaluator.
-    preflight = preflight_check(workload, model, datasets, evaluator, precision, device)
+    preflight = preflight_check(
+        workload, model, datasets, evaluator, precision, device, min(SAMPLES_PER_BATCH, local_batch)
+    )
     # Counted on the plain model: FSDP2 and tensor parallelism change its parameters in place.
     utilization = measure_utilization(workload, model, cfg, device, train_set)
     with errors_naming_the_config(cfg):

@@ -34,6 +34,7 @@ from dlscale.errors import ConfigError
 from dlscale.report.figures import save_png
 from dlscale.report.forecast_files import (
     FORMATS,
+    NAMES,
     check_writable_format,
     forecast_dataset,
     write_forecast_file,
@@ -83,6 +84,7 @@ class ForecastOptions:
     init_count: int | None = None
     batch_size: int | None = None  # initial times rolled out together (default: the run's global batch)
     write: str | None = None  # "netcdf" or "zarr": the forecasts themselves
+    names: str = "wb2"  # the written variables' names: WeatherBench2's ("wb2") or the channels' ("short")
 
 
 @dataclass
@@ -121,6 +123,8 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
     cfg, workload = evaluation.config, evaluation.workload
     if options.write is not None:
         check_writable_format(options.write)
+    if options.names not in NAMES:
+        raise ConfigError(f"--names {options.names!r}: expected one of {', '.join(NAMES)}")
     if options.batch_size is not None and options.batch_size < 1:
         raise ConfigError(f"--batch-size {options.batch_size}: expected a number of initial times >= 1")
     trajectories = workload.forecast_data(cfg.data, options.split)
@@ -204,7 +208,7 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
         "output_dir": str(output_dir),
     }
     document = forecast_document(rollout, trajectories, identity, [start.describe() for start in starts])
-    written = _write(output_dir, document, rollout, trajectories, starts, options.write)
+    written = _write(output_dir, document, rollout, trajectories, starts, options.write, options.names)
     log_forecast(document, written)
     # The document as strict JSON reads it back (NaN is None), as scores.json holds it.
     return ForecastResult(json.loads(to_json(document)), rollout, starts, output_dir)
@@ -215,7 +219,13 @@ def _output_dir(
 ) -> Path:
     """``<run dir>/forecast/<split>-<checkpoint>``, with a part for each option that changes the results."""
     parts = forecast_name_parts(
-        options.lead, options.init, counted, options.write, step_hours, evaluation.override_part
+        options.lead,
+        options.init,
+        counted,
+        options.write,
+        step_hours,
+        evaluation.override_part,
+        options.names,
     )
     name = results_directory_name(options.split, evaluation.source.name, parts)
     return evaluation.source.output_dir / FORECAST_DIR / name
@@ -241,6 +251,7 @@ def _write(
     trajectories: Trajectories,
     starts: list[ForecastStart],
     fmt: str | None,
+    names: str = "wb2",
 ) -> list[Path]:
     """Write the forecast's directory in one piece (an earlier one stays as it was if this fails)."""
     figures = {SKILL_FIGURE: skill_figure(document)}
@@ -257,7 +268,7 @@ def _write(
             attributes = {
                 key: document[key] for key in ("workload", "checkpoint", "split", "dlscale_version")
             }
-            dataset = forecast_dataset(rollout.forecasts, starts, trajectories, attributes)
+            dataset = forecast_dataset(rollout.forecasts, starts, trajectories, attributes, names)
             write_forecast_file(dataset, tmp / FORMATS[fmt], fmt)
         (tmp / SCORES_CSV).write_text(scores_csv(document))
         (tmp / SCORES_JSON).write_text(to_json(document))

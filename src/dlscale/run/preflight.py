@@ -20,7 +20,9 @@ finishes with exit 0.
 The check leaves the run as it found it: the random generators are restored (dropout, augmentations), so
 are the model's buffers (BatchNorm's running statistics), the gradients are dropped and the evaluator is
 reset. It costs one forward and backward of two samples and one evaluation forward of two (``Pre-flight
-check passed in ...`` in the log says how long).
+check passed in ...`` in the log says how long): of one sample where the run's local batch is one, so that the
+check never needs more memory than a training step (a model that fits the GPU only at batch 1); two samples
+are still read and compared.
 """
 
 from __future__ import annotations
@@ -331,9 +333,11 @@ def preflight_check(
     evaluator: Evaluator,
     precision: Precision,
     device: Device,
+    batch_size: int = SAMPLES_PER_BATCH,
 ) -> PreflightReport:
     """Check the workload on the first samples of each split (see the module docstring); WorkloadError for
-    the first problem. ``model`` is the plain model on the run's device, before any parallel wrapper."""
+    the first problem. ``model`` is the plain model on the run's device, before any parallel wrapper;
+    ``batch_size`` (at most two) samples go through it, the run's local batch when that is smaller."""
     started = time.perf_counter()
     check = _Checker(workload)
     parameter_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
@@ -345,6 +349,7 @@ def preflight_check(
         )
         inputs, targets = _sample_batch(check, dataset, split)
         _check_dtypes(check, inputs, targets, parameter_dtype, where_data)
+        inputs, targets = inputs[:batch_size], targets[:batch_size]
         batches[split] = (device.move(inputs), device.move(targets), where_data)
 
     with _leaves_no_trace(model, device):

@@ -10,7 +10,8 @@ adds a short part, written the same way whatever way it was asked for (``--lead 
 * ``every1d``: ``--init every:...`` (``every:4`` model steps of 6 h is ``every1d`` too); ``at20180101T00`` for
   one date, ``at3dates-<8 hex>`` for several;
 * ``init8``: ``--init-count 8``, when it keeps fewer than all the initial times;
-* ``netcdf``, ``zarr``: ``--write``;
+* ``netcdf``, ``zarr``: ``--write``; ``netcdf-short``, ``zarr-short`` with ``--names short`` (the file's
+  variables named as the channels, not as WeatherBench2's);
 * ``set-<8 hex>``: the ``--set`` changes (a hash of the keys, written in their sections, and their values; the
   last value of a key counts). Those of the ``parallel`` and ``loader`` sections only say how the work is laid
   out and read, not what it computes, and leave the name alone, as ``--batch-size`` does.
@@ -48,6 +49,7 @@ def forecast_name_parts(
     write: str | None,
     step_hours: float,
     override_part: str | None,
+    names: str = "wb2",
 ) -> list[str]:
     """The parts of a forecast's directory name for options that differ from the defaults. ``lead`` and
     ``init`` have been checked (by :mod:`dlscale.run.forecast_times`); ``effective_init_count`` is None when
@@ -62,7 +64,7 @@ def forecast_name_parts(
     if effective_init_count is not None:
         parts.append(f"init{effective_init_count}")
     if write is not None:
-        parts.append(write)
+        parts.append(write if names == "wb2" else f"{write}-{names}")  # names change only a written file
     if override_part is not None:
         parts.append(override_part)
     return parts

@@ -28,6 +28,7 @@ import torch
 
 from dlscale.data.era5.config import ERA5DataConfig
 from dlscale.data.era5.dataset import ERA5Dataset
+from dlscale.data.era5.importing.names import weatherbench2_name
 from dlscale.data.era5.layout import FIELDS_KEY, TIME_KEY
 from dlscale.data.trajectories import ForecastStart
 from dlscale.data.values.npy_files import read_npy_array
@@ -73,6 +74,7 @@ class ERA5Trajectories:
         known = quantities or {}
         self.long_names = tuple(known.get(name, (name, ""))[0] for name in self.channel_names)
         self.units = tuple(known.get(name, (name, ""))[1] for name in self.channel_names)
+        self.weatherbench2_names = tuple(weatherbench2_name(name) for name in self.channel_names)
         hours_per_step = _hours_per_step(self.files[0])
         self.step_hours = hours_per_step * self.cfg.dt
         self.hours_per_state = hours_per_step

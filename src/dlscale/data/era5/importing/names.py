@@ -65,6 +65,18 @@ class ChannelSource:
     level_hpa: int | None
 
 
+def weatherbench2_name(channel: str) -> tuple[str, int | None] | None:
+    """The variable and pressure level (hPa) under which WeatherBench2's and ARCO-ERA5's stores keep ``channel``:
+    ``z500`` -> ``("geopotential", 500)``, ``t2m`` -> ``("2m_temperature", None)``; None for a channel this table
+    does not know (it keeps its own name in a forecast file)."""
+    if channel in SURFACE_VARIABLES:
+        return SURFACE_VARIABLES[channel][0], None
+    match = _PRESSURE_LEVEL_CHANNEL.match(channel)
+    if match and match.group(1) in PRESSURE_LEVEL_VARIABLES:
+        return PRESSURE_LEVEL_VARIABLES[match.group(1)][0], int(match.group(2))
+    return None
+
+
 def parse_channels(text: str | None) -> tuple[str, ...]:
     """The channel list of ``--channels`` (comma-separated), or the tutorial's 20 channels when None."""
     if text is None:
