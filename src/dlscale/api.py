@@ -153,7 +153,8 @@ def forecast(
 
     Returns the ``scores.json`` document as a plain dict of lists (strict JSON values: NaN is None):
     ``doc["scores"]["model"]["rmse"]["z500"][k]`` is the latitude-weighted RMSE at ``doc["lead_hours"][k]``,
-    ``["acc"]`` the anomaly correlation, ``doc["headline"]`` the table. A dict, not an xarray Dataset: it is what
+    ``["acc"]`` the anomaly correlation, ``["bias"]`` the mean error (forecast - truth), ``doc["headline"]``
+    the table. A dict, not an xarray Dataset: it is what
     the file holds, needs no extra package, and converts in one line where wanted
     (``pandas.read_csv(".../scores.csv")``, or ``--write netcdf`` for the forecasts themselves, which xarray
     opens). Rank 0 writes ``<run dir>/forecast/<split>-<checkpoint>/`` with the default options, and a directory

@@ -96,7 +96,11 @@ def test_the_forecast_file_and_its_scores_use_the_stores_coordinates(equiangular
             scores = document["scores"][forecaster]
             got_rmse = [scores["rmse"][c][lead] for c in channels]
             got_acc = [scores["acc"][c][lead] for c in channels]
+            expected_bias = ((predicted - target) * weights).mean(axis=(-2, -1)).mean(axis=0)
+            got_bias = [scores["bias"][c][lead] for c in channels]
             np.testing.assert_allclose(got_rmse, expected_rmse, rtol=1e-5, err_msg=forecaster)
+            # the bias is small beside each channel's offset (1000 x index): compared with that scale
+            np.testing.assert_allclose(got_bias, expected_bias, rtol=1e-5, atol=1e-3, err_msg=forecaster)
             np.testing.assert_allclose(got_acc, acc.mean(axis=0), rtol=1e-5, atol=1e-7, err_msg=forecaster)
 
 

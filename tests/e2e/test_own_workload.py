@@ -159,8 +159,10 @@ def test_the_examples_knobs_need_no_code_in_the_workload(heat_data, tmp_path, kn
     assert np.isfinite(summary["final"]["val_loss"])
 
 
+# With the training-loss hook only: the plain loss's kill -9 resume is the built-in workloads' path, which
+# tests/e2e/test_cli.py kills during saves; the hook's own state (its global step) is what only this one holds.
 @pytest.mark.slow
-@pytest.mark.parametrize("loss", [(), ROLLOUT], ids=["loss", "rollout-loss"])
+@pytest.mark.parametrize("loss", [ROLLOUT], ids=["rollout-loss"])
 def test_a_kill_9_of_the_example_resumes_bitwise(heat_data, tmp_path, loss):
     args = [
         "train", "--yaml_config", str(CONFIG_FILE), "--config", "tiny", "--num_epochs", "6",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -273,9 +274,11 @@ def test_a_run_without_checkpoints_says_that_a_stop_saved_nothing(tiny_config):
 
 @pytest.fixture
 def all_cores():
-    """Run this in-process test with both cores (the suite defaults to one thread for its forked processes)."""
+    """Run this in-process test with both cores (the suite defaults to one thread for its forked processes),
+    unless pytest-xdist's other worker has the second core (two threads there would only wait on each other)."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(2, threads))
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= 1:
+        torch.set_num_threads(max(2, threads))
     yield
     torch.set_num_threads(threads)
 

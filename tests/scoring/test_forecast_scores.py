@@ -1,5 +1,5 @@
 """The forecast scores follow WeatherBench2's conventions: the latitude-weighted RMSE takes its square root after
-the mean over initial times, the ACC of the truth is 1 and of its mirror -1, the climatology has no ACC, and
+the mean over initial times, the bias is the signed weighted mean error, the ACC of the truth is 1 and of its mirror -1, the climatology has no ACC, and
 scoring in batches of initial times gives what scoring at once does."""
 
 from __future__ import annotations
@@ -35,6 +35,23 @@ def test_rows_weigh_by_the_cosine_of_their_latitude():
     weights = np.cos(np.deg2rad(LATITUDES))
     expected = np.sqrt(4.0 * weights[0] / weights.sum())
     assert scores.rmse()[0, 0] == pytest.approx(expected)
+
+
+def test_the_bias_is_the_weighted_mean_error_with_its_sign_averaged_over_initial_times():
+    truth = fields(3, seed=2)
+    forecast = truth.clone()
+    forecast[:, 0] += 1.5  # channel 0 runs high everywhere
+    forecast[0, 1, 0] -= 4.0  # channel 1: too low at 60 N, at the first initial time only
+    scores = ForecastScores(1, 2, LATITUDES)
+    scores.add(0, forecast[:2], truth[:2])  # in two batches: the same as at once
+    scores.add(0, forecast[2:], truth[2:])
+    weights = np.cos(np.deg2rad(LATITUDES))
+    weights = weights / weights.mean()
+    error = (forecast - truth).numpy()
+    expected = (error.mean(axis=-1) * weights).mean(axis=-1).mean(axis=0)  # grid, then initial times
+    np.testing.assert_allclose(scores.bias()[0], expected, rtol=1e-7)  # the weights are float32 cosines
+    assert scores.bias()[0, 0] == pytest.approx(1.5)
+    assert scores.bias()[0, 1] == pytest.approx(-4.0 * weights[0] / 4 / 3)  # a row of 4, one time in 3
 
 
 def test_the_truth_correlates_perfectly_its_mirror_negatively_and_the_climatology_not_at_all():

@@ -39,6 +39,8 @@ MAP_DAYS = (1, 3, 5, 10)  # the maps' columns, likewise
 CONVENTIONS = {
     "rmse": "latitude-weighted (cos(latitude), averaging 1 over the rows) mean squared error over the grid per "
     "initial time; the square root after the mean over initial times (WeatherBench2)",
+    "bias": "latitude-weighted mean over the grid of forecast minus truth per initial time, then the mean over "
+    "initial times (WeatherBench2's Bias; positive: the forecast runs high)",
     "acc": "weighted, uncentred correlation of forecast and truth anomalies against the climatology per initial "
     "time, then the mean over initial times; undefined (null) for the climatology itself",
     "units": "the data's physical units (the model's output de-normalized with the training statistics); ACC "
@@ -55,9 +57,10 @@ def forecast_document(
     headline = headline_channels(trajectories)
     scores: dict[str, Any] = {}
     for forecaster, sums in rollout.scores.items():
-        rmse, acc = sums.rmse(), sums.acc()
+        rmse, bias, acc = sums.rmse(), sums.bias(), sums.acc()
         scores[forecaster] = {
             "rmse": {name: rmse[:, c].tolist() for c, name in enumerate(names)},
+            "bias": {name: bias[:, c].tolist() for c, name in enumerate(names)},
             "acc": None if acc is None else {name: acc[:, c].tolist() for c, name in enumerate(names)},
         }
     document = {
@@ -110,16 +113,25 @@ def headline_rows(
 
 
 def scores_csv(document: dict[str, Any]) -> str:
-    """``forecaster,channel,lead_hours,rmse,acc,unit`` rows, every lead of every channel."""
+    """``forecaster,channel,lead_hours,rmse,acc,bias,unit`` rows, every lead of every channel."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(("forecaster", "channel", "lead_hours", "rmse", "acc", "unit"))
+    writer.writerow(("forecaster", "channel", "lead_hours", "rmse", "acc", "bias", "unit"))
     for forecaster, entry in document["scores"].items():
         for name in document["channels"]:
             accs = entry["acc"][name] if entry["acc"] is not None else [None] * len(document["lead_hours"])
-            for hours, rmse, acc in zip(document["lead_hours"], entry["rmse"][name], accs, strict=True):
+            columns = zip(document["lead_hours"], entry["rmse"][name], accs, entry["bias"][name], strict=True)
+            for hours, rmse, acc, bias in columns:
                 writer.writerow(
-                    (forecaster, name, repr(float(hours)), _cell(rmse), _cell(acc), document["units"][name])
+                    (
+                        forecaster,
+                        name,
+                        repr(float(hours)),
+                        _cell(rmse),
+                        _cell(acc),
+                        _cell(bias),
+                        document["units"][name],
+                    )
                 )
     return out.getvalue()
 

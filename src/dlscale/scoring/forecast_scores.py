@@ -6,6 +6,9 @@ WeatherBench2's conventions, on fields in physical units:
   ``MSE_i = mean_{lat, lon}(w_lat * (f - o)^2)`` with ``w_lat = cos(lat)`` scaled to average 1 over the rows;
   then ``RMSE = sqrt(mean_i MSE_i)``: the square root comes **after** the mean over initial times (a mean of
   per-time RMSEs, the tutorial's validation number, is smaller whenever the error varies between times).
+* **Bias**, the mean error: for each initial time the weighted mean over the grid of ``f - o``, then the mean
+  over initial times (WeatherBench2's ``Bias``): positive where the forecast runs high, and where a rollout
+  drifts (a model that cools by a kelvin a day shows it at once, which the RMSE mixes with every other error).
 * **ACC**, the anomaly correlation against a climatology ``c``: for each initial time the weighted, uncentred
   correlation of the anomalies ``f' = f - c`` and ``o' = o - c``,
   ``ACC_i = sum(w f' o') / sqrt(sum(w f'^2) * sum(w o'^2))``, then the mean over initial times. A forecast that
@@ -24,7 +27,8 @@ from dlscale.scoring.metrics import latitude_weights
 
 
 class ForecastScores:
-    """Running sums of the weighted MSE and ACC of one forecaster per (lead, channel), over initial times."""
+    """Running sums of the weighted MSE, mean error and ACC of one forecaster per (lead, channel), over initial
+    times."""
 
     def __init__(
         self,
@@ -36,6 +40,7 @@ class ForecastScores:
         self.weights = latitude_weights(latitudes).double()  # (H,), averaging 1
         self.climatology = climatology  # (C, H, W)
         self.mse_sum = np.zeros((n_leads, n_channels))
+        self.error_sum = np.zeros((n_leads, n_channels))  # of each initial time's weighted mean error
         self.acc_sum = np.zeros((n_leads, n_channels))
         self.acc_count = np.zeros((n_leads, n_channels))  # initial times whose ACC is defined
         self.count = np.zeros(n_leads, dtype=np.int64)
@@ -55,6 +60,7 @@ class ForecastScores:
         error = forecast - truth
         mse = _weighted_grid_mean(error * error, weights)  # (N, C)
         self.mse_sum[lead] += mse.double().sum(dim=0).cpu().numpy()
+        self.error_sum[lead] += _weighted_grid_mean(error, weights).double().sum(dim=0).cpu().numpy()
         self.count[lead] += forecast.shape[0]
         if self.climatology is not None:
             climatology = self.climatology.to(device=forecast.device, dtype=forecast.dtype)
@@ -69,6 +75,11 @@ class ForecastScores:
         """(leads, C): the square root of the mean over initial times of each time's weighted MSE."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.sqrt(self.mse_sum / self.count[:, None])
+
+    def bias(self) -> np.ndarray:
+        """(leads, C): the mean over initial times of each time's weighted mean error (forecast - truth)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.error_sum / self.count[:, None]
 
     def acc(self) -> np.ndarray | None:
         """(leads, C): the mean over initial times of each time's ACC (NaN where it is nowhere defined); None
