@@ -101,7 +101,7 @@ def forecast_dataset(
             )
         }
     else:
-        variables, levels = _weatherbench2_variables(forecasts, trajectories, field_names)
+        variables, levels = _weatherbench2_variables(forecasts, trajectories, field_names, dims)
         if levels:
             coords["level"] = (
                 "level",
@@ -112,58 +112,54 @@ def forecast_dataset(
 
 
 def _weatherbench2_variables(
-    forecasts: np.ndarray, trajectories: Trajectories, field_names: Sequence[tuple[str, int | None] | None]
+    forecasts: np.ndarray,
+    trajectories: Trajectories,
+    field_names: Sequence[tuple[str, int | None] | None],
+    dims: tuple[str, ...],
 ) -> tuple[dict[str, Any], list[int]]:
-    """The variables of the ``wb2`` layout and the ``level`` coordinate (ascending hPa; empty without
-    pressure-level fields)."""
+    """The variables of the ``wb2`` layout (a surface field on ``dims``, a pressure-level one with ``level``
+    before the grid) and the ``level`` coordinate (ascending hPa; empty without pressure-level fields)."""
     channels = trajectories.channel_names
     if len(field_names) != len(channels):
         raise DataError(
             f"the data names {len(field_names)} WeatherBench2 fields for its {len(channels)} channels; "
             "write with --names short"
         )
-    surface: dict[str, int] = {}  # variable -> channel index
-    by_level: dict[str, dict[int, int]] = {}  # variable -> level -> channel index
-    owners: dict[tuple[str, int | None], str] = {}  # (variable, level) -> the channel that became it
+    index: dict[tuple[str, int | None], int] = {}  # (variable, level or None) -> the channel that became it
+    on_levels: dict[str, bool] = {}  # variable -> whether it has a pressure level (in the channels' order)
     for c, (channel, field) in enumerate(zip(channels, field_names, strict=True)):
         variable, level = field if field is not None else (channel, None)
         # one channel per (variable, level), and a variable is a surface field or on levels, not both
-        clash = owners.get((variable, level)) or next(
-            (owner for (v, lv), owner in owners.items() if v == variable and (lv is None) != (level is None)),
-            None,
-        )
+        clash = index.get((variable, level))
+        if clash is None and on_levels.get(variable, level is not None) != (level is not None):
+            clash = next(other for (name, _), other in index.items() if name == variable)
         if clash is not None:
             raise DataError(
-                f"channels {clash} and {channel} both become WeatherBench2's {variable!r}; write the forecast with "
-                "--names short"
+                f"channels {channels[clash]} and {channel} both become WeatherBench2's {variable!r}; write the "
+                "forecast with --names short"
             )
-        owners[(variable, level)] = channel
-        if level is None:
-            surface[variable] = c
-        else:
-            by_level.setdefault(variable, {})[level] = c
-    levels = sorted({level for per_level in by_level.values() for level in per_level})
-    grid = ("time", "prediction_timedelta", "latitude", "longitude")
+        index[(variable, level)] = c
+        on_levels[variable] = level is not None
+    levels = sorted({level for _, level in index if level is not None})
+    n, steps, _, height, width = forecasts.shape
+    level_dims = (*dims[:2], "level", *dims[2:])
     variables: dict[str, Any] = {}
-    for variable, c in surface.items():
-        attrs = {"units": trajectories.units[c], "long_name": trajectories.long_names[c]}
-        variables[variable] = (grid, forecasts[:, :, c], attrs)
-    for variable, per_level in by_level.items():
-        n, steps, _, height, width = forecasts.shape
+    for variable, levelled in on_levels.items():
+        if not levelled:
+            c = index[(variable, None)]
+            attrs = {"units": trajectories.units[c], "long_name": trajectories.long_names[c]}
+            variables[variable] = (dims, forecasts[:, :, c], attrs)
+            continue
+        per_level = {level: c for (name, level), c in index.items() if name == variable}  # channels' order
         values = np.full((n, steps, len(levels), height, width), np.nan, dtype=forecasts.dtype)
         for level, c in per_level.items():
             values[:, :, levels.index(level)] = forecasts[:, :, c]
-        first = next(iter(per_level.values()))
         attrs = {
-            "units": trajectories.units[first],
+            "units": trajectories.units[next(iter(per_level.values()))],
             "long_name": variable.replace("_", " "),
-            "channels": ",".join(channels[c] for _, c in sorted(per_level.items())),
+            "channels": ",".join(channels[per_level[level]] for level in sorted(per_level)),
         }
-        variables[variable] = (
-            ("time", "prediction_timedelta", "level", "latitude", "longitude"),
-            values,
-            attrs,
-        )
+        variables[variable] = (level_dims, values, attrs)
     return variables, levels
 
 
