@@ -146,6 +146,7 @@ def forecast(
     checkpoint: str | Path | None = None,
     overrides: Sequence[str] = (),
     names: str = "wb2",
+    climatology: str | Path | None = None,
 ) -> dict[str, Any]:
     """``dlscale forecast``: roll the checkpoint's model forward up to ``lead`` (``"10d"``, ``"36h"``) from the
     initial times ``init`` (``"every:12h"``, ``"every:4"`` model steps, or ``"2018-01-01T00,2018-02-01T12"``; at most
@@ -165,10 +166,17 @@ def forecast(
     ``write="netcdf"`` or ``"zarr"`` also writes the forecasts, in WeatherBench2's layout (``names="wb2"``:
     ``geopotential`` with a ``level`` dimension, ``2m_temperature``, ...; see
     :mod:`dlscale.report.forecast_files`) or one variable per channel (``names="short"``: ``z500``, ``t2m``).
+
+    ``climatology``: the ACC's reference and the climatology forecaster. A path: a climatology store in
+    WeatherBench2's layout (by day of year and hour of day; ``dlscale data climatology`` writes one, and
+    WeatherBench2's published ones are read on the forecast's grid); ``"time-mean"``: the one mean field over the
+    training years; None (the default): ERA5's ``data.climatology_path`` when it exists, else the mean field.
+    ``doc["climatology"]`` says which was used (kind, path, years, window).
     """
     if isinstance(overrides, str):
         overrides = [overrides]
-    options = ForecastOptions(split, lead, init, init_count, batch_size, write, names)
+    chosen = str(climatology) if climatology is not None else None
+    options = ForecastOptions(split, lead, init, init_count, batch_size, write, names, chosen)
     choice = str(checkpoint) if checkpoint is not None else None
     return forecast_checkpoint(run_dir_or_checkpoint, options, choice, overrides).document
 

@@ -5,6 +5,7 @@ dlscale bench --yaml_config configs/vit_era5.yaml --config short [--sweep num_da
 dlscale tune --yaml_config configs/vit_era5.yaml --config short --budget 60   # climb the ladder, write the tuned config
 dlscale data synth-era5 --out data/era5_demo --preset demo
 dlscale data import-era5 era5.zarr --out data/era5 --split 1979-2015:train,2016-2017:valid,2018:test
+dlscale data climatology --root data/era5 --split train --years 1990-2015   # stats/climatology.zarr
 dlscale config --yaml_config configs/vit_era5.yaml --config short     # the resolved config
 dlscale info                                                           # versions and device
 dlscale plan --yaml_config configs/vit_era5.yaml --config mp --gpus 4   # memory/traffic of each dp x tp x cp
@@ -117,6 +118,38 @@ def build_parser() -> argparse.ArgumentParser:
     importer.add_argument("--readers", type=int, help="threads reading channels (default: cores, at most 8)")
     importer.add_argument(
         "--progress", default="auto", choices=("auto", "bar", "lines", "none"), help="progress display"
+    )
+    importer.add_argument(
+        "--climatology-years",
+        metavar="FIRST-LAST",
+        help="years of the climatology by day of year and hour of day computed at the end into "
+        "stats/climatology.zarr (WeatherBench2's: 1990-2019); imported years of any split (default: the train years)",
+    )
+
+    climatology = generators.add_parser(
+        "climatology",
+        help="WeatherBench2's climatology by day of year and hour of day of a data root's year files "
+        "(imported or synthetic), into ROOT/stats/climatology.zarr",
+    )
+    climatology.set_defaults(run="dlscale.commands.data:run_climatology")
+    climatology.add_argument("--root", required=True, help="the data root (holds train/ valid/ test/ stats/)")
+    climatology.add_argument(
+        "--split", default="train", help="the splits whose files it averages, comma-separated (default train)"
+    )
+    climatology.add_argument(
+        "--years", metavar="FIRST-LAST", help="the years it averages (default: every year of the splits)"
+    )
+    climatology.add_argument(
+        "--window",
+        type=int,
+        default=61,
+        help="days of the triangular smoothing window (default 61, WeatherBench2's)",
+    )
+    climatology.add_argument(
+        "--memory-gb",
+        type=float,
+        default=2.0,
+        help="memory for one latitude band's sums; the grid is streamed in bands that fit (default 2)",
     )
 
     for name, what in (

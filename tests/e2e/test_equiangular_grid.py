@@ -83,9 +83,20 @@ def test_the_forecast_file_and_its_scores_use_the_stores_coordinates(equiangular
     test_year = np.stack([truth[c][2 * STEPS_PER_YEAR :] for c in channels], axis=1).astype(np.float64)
     weights = np.cos(np.deg2rad(LATITUDES))
     weights = (weights / weights.mean()).reshape(1, 1, -1, 1)
-    climatology = np.load(data / "stats" / "time_means.npy")[0].astype(np.float64)
+    # The import's climatology by day of year and hour (its train year, 2016), at each valid time: 6-hourly
+    # states from 1 January, so state t is hour index t % 4 of day index t // 4.
+    assert document["climatology"]["kind"] == "day_of_year_and_hour"
+    with xarray.open_zarr(data / "stats" / "climatology.zarr") as store:
+        by_day = np.stack(
+            [
+                store[variable].sel(level=level) if level else store[variable]
+                for variable, level in _names(channels)
+            ],
+            axis=2,
+        ).astype(np.float64)  # (hour, dayofyear, C, latitude, longitude)
     for lead in (1, 2):
         target = test_year[initial + lead]
+        climatology = by_day[(initial + lead) % 4, (initial + lead) // 4]
         for forecaster, predicted in (("model", forecasts[:, lead - 1]), ("persistence", test_year[initial])):
             mse = ((predicted - target) ** 2 * weights).mean(axis=(-2, -1))  # (initial time, channel)
             expected_rmse = np.sqrt(mse.mean(axis=0))
@@ -134,3 +145,10 @@ def test_the_forecast_file_has_weatherbench2s_names_and_lines_up_with_the_store_
             rmse = float(np.sqrt((error * weights).mean(("latitude", "longitude")).mean("initial")))
             expected = document["scores"]["model"]["rmse"][channel][lead_index]
             np.testing.assert_allclose(rmse, expected, rtol=1e-5, err_msg=f"{channel} at {hours} h")
+
+
+def _names(channels: list[str]) -> list[tuple[str, int | None]]:
+    """Each channel's variable and level in WeatherBench2's stores."""
+    from dlscale.data.era5.importing.names import weatherbench2_name
+
+    return [weatherbench2_name(channel) for channel in channels]

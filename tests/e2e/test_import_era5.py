@@ -66,6 +66,11 @@ def test_the_command_imports_and_prints_the_training_command(arco_of_synthetic, 
         (["--split", "1979:train"], "--split '1979:train' has no valid years"),
         (["--dt", "5"], "--dt 5 must divide 24 hours"),
         ([], "no 6-hourly step in 1983, 1984"),  # the tutorial's default years are not in the store
+        (
+            ["--split", SYNTH_SPLIT, "--climatology-years", "1990-2019"],
+            "--climatology-years 1990-2019: the import of",
+        ),
+        (["--split", SYNTH_SPLIT, "--climatology-years", "1980-1979"], "ends before it starts"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(arco_of_synthetic, tmp_path, capsys, arguments, message):

@@ -42,7 +42,7 @@ def heat_data(tmp_path_factory) -> Path:
 
 
 # The example's 2-step rollout loss (heat2d.workload.Heat2DRollout): its training_loss hook.
-ROLLOUT = ("data.rollout_steps=2",)
+ROLLOUT = ("data.rollout_frames=2",)
 
 
 def quiet(data: Path, expdir: Path, *more: str) -> list[str]:

@@ -51,6 +51,7 @@ def test_forecasts_of_other_options_keep_their_own_directories(era5_run):
         "batch_size": None,
         "write": None,
         "names": "wb2",
+        "climatology": None,
         "overrides": [],
     }
     progress = load_checkpoint(era5_run / "checkpoints" / "ckpt_latest.pt")["progress"]

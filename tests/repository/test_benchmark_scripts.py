@@ -1,5 +1,5 @@
 """The committed benchmark scripts still import (they run on a lent GPU machine, where a broken import would
-cost the session), and the ladder draws its committed results."""
+cost the session), the ladder draws its committed results, and the rollout-cost cases train what they name."""
 
 from __future__ import annotations
 
@@ -48,9 +48,36 @@ def test_the_ladder_draws_intervals_from_its_trials_and_the_std_from_an_older_re
         ("workload_plan_report", "2026-11-24-cpu-plan-vs-measured-workloads"),
         ("plan_vs_measured", "2026-11-22-cpu-plan-vs-measured"),
         ("forecast_throughput", "2026-11-25-cpu-2-threads-forecast-throughput"),
+        ("rollout_training_cost", "2026-11-27-cpu-2-threads-rollout-training-cost"),
     ],
 )
 def test_the_plan_reports_rewrite_their_committed_markdown_from_their_json(script, stem):
     results = BENCHMARKS / "results"
     record = json.loads((results / f"{stem}.json").read_text())
     assert load(script).markdown(record) == (results / f"{stem}.md").read_text()
+
+
+def test_the_rollout_cost_cases_train_the_k_and_checkpointing_they_are_named_for():
+    """Each case's step rolls out its K (K = 2 holds twice K = 1's activations after the forward) and
+    checkpoints when it says so (then it holds far less); the report compares checkpointing with its own K."""
+    cost = load("rollout_training_cost")
+    measured = [
+        cost.measure_case(cost.Settings("tiny", steps_k, checkpointing, "cpu", trials=2, steps=1, warmup=0))
+        for steps_k, checkpointing in cost.cases([1, 2])
+    ]
+    assert [(case["rollout_steps"], case["checkpointing"]) for case in measured] == [
+        (1, False),
+        (2, False),
+        (2, True),
+    ]
+    one, two, checkpointed = (case["memory"]["held_after_forward_bytes"] for case in measured)
+    # K = 2 holds two steps' tensors, and the second step's input (K = 1's input is the batch, not counted)
+    state = measured[0]["estimate"]["state_bytes"]
+    assert two - 2 * one == pytest.approx(state, abs=64)
+    assert checkpointed < 0.5 * two
+    record = cost.summarize({"ks": [1, 2], "cases": measured})
+    assert [case["time_vs_no_checkpointing"] is None for case in record["cases"]] == [True, True, False]
+    # Ratios of geometric means: checkpointing's, taken against the same K, is its ratio to K = 1 over the plain K's.
+    plain, with_checkpoints = record["cases"][1:]
+    expected = with_checkpoints["time_vs_k1"]["ratio"] / plain["time_vs_k1"]["ratio"]
+    assert with_checkpoints["time_vs_no_checkpointing"]["ratio"] == pytest.approx(expected, rel=1e-9)

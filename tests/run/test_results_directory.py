@@ -134,3 +134,15 @@ def test_a_directory_without_a_readable_document_is_still_named_with_its_time(tm
     assert replacement_notice(directory, "metrics.json", "evaluation") == (
         f"This evaluation will replace {directory} (no readable metrics.json, written 2026-01-02 03:04)"
     )
+
+
+def test_a_named_climatology_has_a_part_of_its_own(tmp_path):
+    def named(climatology):
+        parts = forecast_name_parts(DEFAULT_LEAD, DEFAULT_INIT, None, None, 6.0, None, "wb2", climatology)
+        return results_directory_name("test", "ckpt_latest", parts)
+
+    assert named(None) == "test-ckpt_latest"  # the data's default climatology
+    assert named("time-mean") == "test-ckpt_latest-clim-timemean"
+    one, other = named(str(tmp_path / "a.zarr")), named(str(tmp_path / "b.zarr"))
+    assert one.startswith("test-ckpt_latest-clim-") and one != other and SAFE_NAME.match(one)
+    assert named(str(tmp_path / "a.zarr")) == one  # the same store, the same directory

@@ -39,7 +39,7 @@ class Heat2DDataConfig:
     data_seed: int = 0  # seeds every trajectory, with the split and the trajectory's index
     # frames each training target holds: 1 pairs a frame with the next; 2 also with the one after, for the
     # workload's 2-step rollout loss (heat2d.workload.Heat2DRollout). Validation stays one step.
-    rollout_steps: int = 1
+    rollout_frames: int = 1
 
     def __post_init__(self) -> None:
         if self.grid < MIN_GRID:
@@ -53,11 +53,11 @@ class Heat2DDataConfig:
             )
         if self.data_seed < 0:
             raise InvalidValue("data_seed", f"must be >= 0, got {self.data_seed}")
-        if not 1 <= self.rollout_steps < self.frames:
+        if not 1 <= self.rollout_frames < self.frames:
             raise InvalidValue(
-                "rollout_steps",
+                "rollout_frames",
                 f"must be >= 1 and below frames ({self.frames}), so that a trajectory holds a sample, "
-                f"got {self.rollout_steps}",
+                f"got {self.rollout_frames}",
             )
 
     def root_path(self) -> Path:

@@ -5,7 +5,7 @@ Sample ``i`` is trajectory ``i // (frames - 1)``, frame ``k = i % (frames - 1)``
 * input  ``(2, N, N)``: ``[(u_k - u_mean) / u_std, (kappa - kappa_mean) / kappa_std]``
 * target ``(1, N, N)``: ``(u_{k+1} - u_mean) / u_std``
 
-With ``rollout_steps`` r > 1 (the training split only), the target is ``(r, N, N)``, the next r frames
+With ``rollout_frames`` r > 1 (the training split only), the target is ``(r, N, N)``, the next r frames
 ``u_{k+1} .. u_{k+r}``, and a trajectory holds ``frames - r`` samples.
 
 u_k and u_{k+1} share one normalization, so the increment the model predicts is the physical one divided by
@@ -77,7 +77,7 @@ def _how_to_generate(cfg: Heat2DDataConfig) -> str:
     problem = {
         f.name: getattr(cfg, f.name)
         for f in fields(cfg)
-        if f.name not in ("root", "generate_if_missing", "rollout_steps")  # not a property of the files
+        if f.name not in ("root", "generate_if_missing", "rollout_frames")  # not a property of the files
     }
     for name, preset in PRESETS.items():
         if all(getattr(preset, key) == value for key, value in problem.items()):
@@ -99,7 +99,7 @@ class Heat2DDataset(Dataset):
         train_attrs = attrs if split == "train" else check_file(cfg, "train")
         self.u_mean, self.u_std, self.kappa_mean, self.kappa_std = (float(train_attrs[s]) for s in STATS)
         self.trajectories = cfg.trajectories(split)
-        self.target_frames = cfg.rollout_steps if split == "train" else 1
+        self.target_frames = cfg.rollout_frames if split == "train" else 1
         self.pairs_per_trajectory = cfg.frames - self.target_frames
         self._handle: h5py.File | None = None
         self._handle_pid: int | None = None

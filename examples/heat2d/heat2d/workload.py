@@ -61,8 +61,8 @@ class Heat2D(Workload):
         )
 
     def configured(self, model_cfg: Heat2DModelConfig, data_cfg: Heat2DDataConfig) -> Heat2D:
-        # Optional: the run's copy of the workload; data.rollout_steps > 1 trains through a rollout loss.
-        return Heat2DRollout() if data_cfg.rollout_steps > 1 else self
+        # Optional: the run's copy of the workload; data.rollout_frames > 1 trains through a rollout loss.
+        return Heat2DRollout() if data_cfg.rollout_frames > 1 else self
 
     def normalization_stats(self, data_cfg: Heat2DDataConfig) -> dict[str, np.ndarray]:
         # Optional: saved by `dlscale export`, so that the exported model maps physical fields (u, kappa) to its
@@ -78,12 +78,12 @@ class Heat2D(Workload):
 
 
 class Heat2DRollout(Heat2D):
-    """Trains the surrogate through its own rollout: the model applied to its own output, data.rollout_steps
+    """Trains the surrogate through its own rollout: the model applied to its own output, data.rollout_frames
     times, against the next frames. A one-step loss never shows the model its own errors, which grow when it is
     stepped autoregressively; this one does. Validation stays the one-step RMSE against persistence."""
 
     def training_loss(self, model, batch: tuple[torch.Tensor, torch.Tensor], step: int) -> torch.Tensor:
-        inputs, targets = batch  # targets: (B, rollout_steps, N, N), the next frames
+        inputs, targets = batch  # targets: (B, rollout_frames, N, N), the next frames
         u, kappa, losses = inputs[:, :1], inputs[:, 1:], []
         for k in range(targets.shape[1]):
             u = model(torch.cat([u, kappa], dim=1))  # the prediction is the next step's input

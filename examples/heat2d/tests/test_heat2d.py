@@ -383,7 +383,7 @@ def test_the_evaluator_reports_rmse_against_persistence_and_its_skill(tiny_data:
 
 
 def test_rollout_training_targets_hold_the_next_frames_and_validation_stays_one_step(tiny_data):
-    cfg = dataclasses.replace(tiny_data, rollout_steps=2)
+    cfg = dataclasses.replace(tiny_data, rollout_frames=2)
     train, valid = Heat2DDataset(cfg, "train"), Heat2DDataset(cfg, "valid")
     assert len(train) == TINY.train_trajectories * (TINY.frames - 2)
     assert len(valid) == TINY.valid_trajectories * (TINY.frames - 1)
@@ -397,17 +397,17 @@ def test_rollout_training_targets_hold_the_next_frames_and_validation_stays_one_
         assert targets.shape == (2, TINY.grid, TINY.grid)
         assert torch.equal(inputs, first[0])
         assert torch.equal(targets[:1], first[1]) and torch.equal(targets[1:], second[1])
-    with pytest.raises(ConfigError, match="data.rollout_steps: must be >= 1 and below frames"):
-        build_section(Heat2DDataConfig, {"rollout_steps": TINY.frames, "frames": TINY.frames}, "x", "data")
+    with pytest.raises(ConfigError, match="data.rollout_frames: must be >= 1 and below frames"):
+        build_section(Heat2DDataConfig, {"rollout_frames": TINY.frames, "frames": TINY.frames}, "x", "data")
 
 
 def test_the_rollout_loss_feeds_each_prediction_back_with_the_same_kappa(tiny_data):
     from heat2d.workload import Heat2DRollout
 
     assert WORKLOAD.configured(Heat2DModelConfig(), tiny_data) is WORKLOAD and WORKLOAD.training_loss is None
-    rollout = WORKLOAD.configured(Heat2DModelConfig(), dataclasses.replace(tiny_data, rollout_steps=2))
+    rollout = WORKLOAD.configured(Heat2DModelConfig(), dataclasses.replace(tiny_data, rollout_frames=2))
     assert isinstance(rollout, Heat2DRollout)
-    train = Heat2DDataset(dataclasses.replace(tiny_data, rollout_steps=2), "train")
+    train = Heat2DDataset(dataclasses.replace(tiny_data, rollout_frames=2), "train")
     inputs, targets = (torch.stack(t) for t in zip(*(train[i] for i in range(4)), strict=True))
     model = model_with_a_nonzero_increment()
     first = model(inputs)

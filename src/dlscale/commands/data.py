@@ -1,5 +1,6 @@
 """``dlscale data synth-*``: write synthetic data sets in the real on-disk formats; ``dlscale data import-era5``:
-bring real ERA5 (zarr or netCDF) into the layout dlscale reads."""
+bring real ERA5 (zarr or netCDF) into the layout dlscale reads; ``dlscale data climatology``: WeatherBench2's
+climatology by day of year and hour of day of either, into ``stats/climatology.zarr``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from dlscale.commands.era5_next_step import next_step_lines
 from dlscale.data.synth_output import MANIFEST
+from dlscale.errors import ConfigError
 from dlscale.report.run_dir import setup_logging
 
 log = logging.getLogger("dlscale.data")
@@ -72,11 +74,17 @@ def run_data(args: argparse.Namespace) -> int:
 
 def run_import_era5(args: argparse.Namespace) -> int:
     """``dlscale data import-era5 SOURCE --out DIR``: ERA5 from zarr or netCDF into the tutorial's layout."""
+    from dlscale.data.era5.climatology.years import parse_years
     from dlscale.data.era5.importing.importer import ImportRequest, default_readers, import_era5
     from dlscale.data.era5.importing.names import parse_channels
     from dlscale.data.era5.importing.plan import DEFAULT_SPLIT
 
     setup_logging(None)
+    climatology_years = (
+        parse_years(args.climatology_years, "--climatology-years")
+        if args.climatology_years is not None
+        else None
+    )
     request = ImportRequest(
         source=args.source,
         out=Path(args.out),
@@ -87,6 +95,7 @@ def run_import_era5(args: argparse.Namespace) -> int:
         block_mb=args.block_mb,
         readers=args.readers or default_readers(),
         progress=args.progress,
+        climatology_years=climatology_years,
     )
     log.info(
         "import-era5: %s -> %s (%d channels, every %d h)",
@@ -109,6 +118,37 @@ def run_import_era5(args: argparse.Namespace) -> int:
             result.gb_per_s,
             result.peak_rss_bytes / 1e6,
         )
+    if result.climatology is not None:
+        log.info("import-era5: climatology by day of year and hour of day: %s", result.climatology["path"])
     for line in next_step_lines(request.out, result.height, result.width, len(result.channels)):
         log.info("%s", line)
+    return 0
+
+
+def run_climatology(args: argparse.Namespace) -> int:
+    """``dlscale data climatology --root DIR [--split train] [--years A-B]``: ROOT/stats/climatology.zarr."""
+    from dlscale.data.era5.climatology.building import ClimatologyRequest, build_climatology
+    from dlscale.data.era5.climatology.years import parse_years
+
+    setup_logging(None)
+    if args.memory_gb <= 0:
+        raise ConfigError(f"--memory-gb {args.memory_gb}: expected a number of GB > 0")
+    request = ClimatologyRequest(
+        root=Path(args.root).expanduser(),
+        splits=tuple(part.strip() for part in args.split.split(",") if part.strip()),
+        years=parse_years(args.years, "--years") if args.years is not None else None,
+        window_days=args.window,
+        memory_bytes=int(args.memory_gb * 2**30),
+    )
+    result = build_climatology(request, report=log.info)
+    log.info(
+        "climatology: wrote %s (years %d-%d, %d channels) in %.1f s%s",
+        result.path,
+        *result.years,
+        len(result.channels),
+        result.seconds,
+        f"; {len(result.days_without_data)} days of the year have no data (NaN)"
+        if result.days_without_data
+        else "",
+    )
     return 0

@@ -19,6 +19,7 @@ def run_forecast(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         write=args.write,
         names=args.names or "wb2",
+        climatology=args.climatology,
         checkpoint=args.checkpoint,
         overrides=args.set,
     )

@@ -199,6 +199,14 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --write: the file's variable names, WeatherBench2's (geopotential with a level dimension, "
         "2m_temperature, ...; the default) or the channels' own (z500, t2m)",
     )
+    parser.add_argument(
+        "--climatology",
+        metavar="PATH|time-mean",
+        help="the ACC's reference and the climatology forecaster: a climatology store by day of year and hour "
+        "of day in WeatherBench2's layout (dlscale data climatology writes one; WeatherBench2's published ones "
+        "are read on the forecast's grid), or time-mean (one mean field over the training years). Default: "
+        "data.climatology_path (stats/climatology.zarr) when it exists, else the time mean",
+    )
     add_trained_config_changes(parser, "data.root=/scratch/era5 or train.amp_mode=bf16")
 
 

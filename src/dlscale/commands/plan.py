@@ -97,6 +97,12 @@ def run_traced_plan(args: argparse.Namespace, cfg: RunConfig) -> int:
 
     planned = traced_plan_of(cfg, args.gpus, args.gpu_memory_gb)
     result, workload = planned.plan, planned.workload
+    if cfg.train.max_rollout_steps > 1:
+        result.notes.append(
+            f"train.rollout_steps {cfg.train.max_rollout_steps}: the trace is of one model step; a "
+            f"{cfg.train.max_rollout_steps}-step rollout saves about {cfg.train.max_rollout_steps} times its "
+            "activations (with rollout_checkpointing: each step's input and loss, plus one step's activations)"
+        )
     context = TracedPlanContext(
         config=cfg.name,
         source=str(cfg.source),
@@ -202,6 +208,14 @@ def describe_requested(result: Plan) -> str:
     return f"{where}: does not fit: {row.reason}."
 
 
+def rollout_text(settings: TrainingSettings) -> str:
+    """The multi-step part of the training line: what the estimate counts K times."""
+    if settings.rollout_steps == 1:
+        return ""
+    recompute = ", activations recomputed per step" if settings.rollout_checkpointing else ""
+    return f", {settings.rollout_steps}-step rollouts per sample{recompute}"
+
+
 def plan_report(result: Plan, shape: ModelShape, settings: TrainingSettings, source: str) -> list[str]:
     """The printed plan: the model, the three groups of layouts, the requested layout, the legend."""
     from dlscale.perf.plan.layout_cost import Layout, count_parameters_per_gpu
@@ -216,7 +230,8 @@ def plan_report(result: Plan, shape: ModelShape, settings: TrainingSettings, sou
         f"{shape.patch_size} -> {shape.num_tokens:,} tokens",
         f"  training: global batch {settings.global_batch_size}"
         + (f" (local {settings.local_batch_size} per replica)" if settings.local_batch_size else "")
-        + f", amp {settings.amp_mode}, {settings.optimizer}, data_parallel {settings.data_parallel}",
+        + f", amp {settings.amp_mode}, {settings.optimizer}, data_parallel {settings.data_parallel}"
+        + rollout_text(settings),
     ]
     groups = (
         (

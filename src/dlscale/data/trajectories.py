@@ -54,6 +54,12 @@ class Trajectories(Protocol):
     WeatherBench2's stores name the field (``("geopotential", 500)`` for z500), or None for a channel they do
     not hold. With it, ``dlscale forecast --write`` writes WeatherBench2's layout (``--names wb2``, the default);
     without it, every variable keeps its channel name.
+
+    Optional: ``climatology_store``, the path of a climatology by day of year and hour of day in WeatherBench2's
+    layout (:mod:`dlscale.data.era5.climatology`), or None. ``dlscale forecast`` scores the ACC and the
+    climatology forecaster against it by default (``--climatology PATH`` names another; the variables are found
+    by ``weatherbench2_names``, else by channel name, the grid by ``latitudes`` and ``longitudes``); without
+    it, against ``climatology()``. A climatology by day of year needs the starts' dates (``ForecastStart.time``).
     """
 
     channel_names: tuple[str, ...]  # the C channels a state holds, in order (model input == model output)
@@ -66,6 +72,7 @@ class Trajectories(Protocol):
     # Optional, and so not a member here (a protocol has no optional members; read with getattr):
     # headline_channels: tuple[str, ...]
     # weatherbench2_names: tuple[tuple[str, int | None] | None, ...]
+    # climatology_store: pathlib.Path | None
 
     def starts(self) -> list[ForecastStart]:
         """Every state a rollout can start from, in time order."""
@@ -89,7 +96,8 @@ class Trajectories(Protocol):
         ...
 
     def climatology(self) -> torch.Tensor | None:
-        """(C, H, W) in physical units, the reference of the anomaly correlation; None when the data has none."""
+        """(C, H, W) in physical units: one mean field, the reference of the anomaly correlation where no
+        climatology by day of year is used; None when the data has none."""
         ...
 
     def describe(self) -> str:

@@ -304,6 +304,11 @@ class Utilization:
     def _unknown_peak(self) -> str:
         return f"peak of {self.device_name!r} for {self.precision} is unknown"
 
+    def over_steps(self, first: int, stop: int) -> Utilization:
+        """The rating of global steps ``first`` .. ``stop - 1`` (this one: a sample's FLOPs do not change with
+        the step; a multi-step run's do, see :class:`dlscale.run.rollout_training.RolloutUtilization`)."""
+        return self
+
     def tflops(self, samples_per_second: float) -> float:
         """Achieved model TFLOP/s of one GPU: flops_per_sample * samples_per_second / 1e12."""
         return self.flops_per_sample * samples_per_second / 1e12

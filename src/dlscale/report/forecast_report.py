@@ -1,8 +1,10 @@
 """What ``dlscale forecast`` reports: the scores document, its CSV, the headline table and the figures.
 
 ``forecast/<split>-<checkpoint>/`` holds ``scores.json`` (strict JSON: NaN is ``null``), ``scores.csv`` (one row per
-forecaster, channel and lead), ``skill_vs_lead.png`` (RMSE and ACC against lead time, with both baselines) and
-``rollout_maps.png`` (one initial time at a few leads: truth, forecast, error), and ``forecast.nc`` or
+forecaster, channel and lead), ``skill_vs_lead.png`` (RMSE and ACC against lead time, with both baselines),
+``rollout_maps.png`` (one initial time at a few leads: truth, forecast, error), ``bias.png`` and ``spectra.png``
+(the bias against lead, and the zonal energy spectra at mid-latitudes: :mod:`dlscale.report.forecast_figures`;
+the spectra in ``scores.json``: :mod:`dlscale.report.forecast_spectra`), and ``forecast.nc`` or
 ``forecast.zarr`` when asked (:mod:`dlscale.report.forecast_files`). The headline table is WeatherBench2's
 (z500, t850, t2m and u10 at 1, 3, 5, 7 and 10 days) where the data has those channels and the rollout those
 leads; :mod:`dlscale.report.forecast_selection` says what the table, skill figure and maps show otherwise.
@@ -26,6 +28,7 @@ from matplotlib.ticker import MaxNLocator
 
 from dlscale.data.trajectories import Trajectories
 from dlscale.report.forecast_selection import headline_channels, lead_text, report_leads
+from dlscale.report.forecast_spectra import SPECTRA_CONVENTION, spectra_entry
 from dlscale.scoring.rollout import CLIMATOLOGY, MODEL, PERSISTENCE, Rollout, RolloutMaps
 
 log = logging.getLogger("dlscale.train")
@@ -42,7 +45,10 @@ CONVENTIONS = {
     "bias": "latitude-weighted mean over the grid of forecast minus truth per initial time, then the mean over "
     "initial times (WeatherBench2's Bias; positive: the forecast runs high)",
     "acc": "weighted, uncentred correlation of forecast and truth anomalies against the climatology per initial "
-    "time, then the mean over initial times; undefined (null) for the climatology itself",
+    "time, then the mean over initial times; undefined (null) for the climatology itself. The climatology is "
+    "the one 'climatology' names: by day of year and hour of day at each valid time (WeatherBench2's), or one "
+    "mean field for every time (time_mean)",
+    "spectra": SPECTRA_CONVENTION,
     "units": "the data's physical units (the model's output de-normalized with the training statistics); ACC "
     "a fraction (1: perfect)",
 }
@@ -90,6 +96,13 @@ def forecast_document(
             if rollout.seconds > 0
             else None,
         },
+        "spectra": spectra_entry(
+            rollout.spectra,
+            names,
+            trajectories.units,
+            step_hours,
+            report_leads(HEADLINE_DAYS, step_hours, rollout.steps),
+        ),
         "conventions": CONVENTIONS,
     }
     return document
@@ -113,10 +126,12 @@ def headline_rows(
 
 
 def scores_csv(document: dict[str, Any]) -> str:
-    """``forecaster,channel,lead_hours,rmse,acc,bias,unit`` rows, every lead of every channel."""
+    """``forecaster,channel,lead_hours,rmse,acc,bias,unit,climatology`` rows, every lead of every channel (the
+    last column: what the ACC and the climatology forecaster were scored against, :func:`climatology_label`)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(("forecaster", "channel", "lead_hours", "rmse", "acc", "bias", "unit"))
+    writer.writerow(("forecaster", "channel", "lead_hours", "rmse", "acc", "bias", "unit", "climatology"))
+    reference = climatology_label(document.get("climatology"))
     for forecaster, entry in document["scores"].items():
         for name in document["channels"]:
             accs = entry["acc"][name] if entry["acc"] is not None else [None] * len(document["lead_hours"])
@@ -131,9 +146,26 @@ def scores_csv(document: dict[str, Any]) -> str:
                         _cell(acc),
                         _cell(bias),
                         document["units"][name],
+                        reference,
                     )
                 )
     return out.getvalue()
+
+
+def climatology_label(description: dict[str, Any] | None) -> str:
+    """What the ACC was scored against, in a few words: ``by day of year and hour, 1990-2019, 61-day window``,
+    ``time mean`` or ``none``."""
+    if description is None:
+        return "none"
+    if description.get("kind") != "day_of_year_and_hour":
+        return "time mean"
+    years = description.get("years")
+    label = "by day of year and hour"
+    if years:
+        label += f", {years[0]}-{years[1]}" if years[0] != years[1] else f", {years[0]}"
+    if description.get("window_days"):
+        label += f", {description['window_days']}-day window"
+    return label
 
 
 def _cell(value: float | None) -> str:
@@ -211,6 +243,8 @@ def skill_figure(document: dict[str, Any]) -> Figure:
         f"{document['workload']}, {document['split']} split, {document['checkpoint_name']}: "
         f"{count} initial time{'s' if count != 1 else ''}"
     )
+    if has_acc:
+        title += f"; ACC against the climatology {climatology_label(document.get('climatology'))}"
     if document.get("headline_note"):
         title += f"\n{document['headline_note']}"
     figure.suptitle(title)
@@ -338,6 +372,11 @@ def log_forecast(document: dict[str, Any], written: Sequence[Any]) -> None:
     )
     for line in headline_lines(document):
         log.info("  %s", line)
+    if document.get("climatology") is not None:
+        log.info(
+            "  (ACC and the climatology forecaster: the climatology %s)",
+            climatology_label(document["climatology"]),
+        )
     if document.get("headline_note"):
         log.info("  (the table shows %s)", document["headline_note"])
     if document["nonfinite_from_lead_hours"] is not None:

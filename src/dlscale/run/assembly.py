@@ -31,15 +31,23 @@ from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum, repo
 from dlscale.perf.flops import Utilization, compute_precision, training_flops_per_sample
 from dlscale.perf.profile.capture import build_profiling
 from dlscale.run.preflight import SAMPLES_PER_BATCH, PreflightReport, checked_splits, preflight_check
+from dlscale.run.rollout_training import (
+    RolloutUtilization,
+    check_rollout_workload,
+    rollout_curriculum,
+    rollout_splits,
+)
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
 from dlscale.runtime.nvtx import NO_MARKERS
 from dlscale.runtime.rng import seed_everything
 from dlscale.runtime.storage import format_bytes
+from dlscale.scoring.rollout_validation import RolloutEvaluator, RolloutPredict
 from dlscale.training.graphs import GraphedTrainStep, optimizer_is_capturable
 from dlscale.training.observer import Observer
 from dlscale.training.optim import build_optimizer
 from dlscale.training.precision import Precision
+from dlscale.training.rollout_loss import RolloutLoss
 from dlscale.training.schedule import EpochPlan, LRSchedule, plan_epochs, scaled_lr
 from dlscale.training.step import TrainStep
 from dlscale.training.train_progress import TrainProgress
@@ -93,6 +101,9 @@ def build_training(
         workload = workload.configured(cfg.model, cfg.data)
     if cfg.train.cuda_graphs and workload.training_loss is not None:
         raise ConfigError(f"{cfg.where}: {graphs_refusal(workload.name)}")
+    rollout_steps = cfg.train.max_rollout_steps
+    if rollout_steps > 1:
+        check_rollout_workload(workload, cfg.where)
     check_device_support(cfg, device, process)
     if cfg.train.on_nonfinite == "rollback" and not cfg.checkpoint.enabled:
         raise ConfigError(
@@ -111,6 +122,12 @@ def build_training(
     with raised_by_workload(workload, "build_datasets"):
         datasets = workload.build_datasets(cfg.data)
     train_set, valid_set = checked_splits(workload, datasets)
+    # The pre-flight check below sees the workload's own (one-step) samples; a multi-step run trains on K + 1
+    # states per sample of the same data.
+    trained_on = dict(datasets)
+    if rollout_steps > 1:
+        splits = rollout_splits(workload, cfg.data, rollout_steps, cfg.where)
+        train_set, valid_set = trained_on["train"], trained_on["valid"] = splits.train, splits.valid
     global_batch, local_batch = batch_sizes(cfg, mesh.dp_size)
     try:
         plan = plan_epochs(len(train_set), global_batch, cfg.train.num_iters, cfg.train.num_epochs)
@@ -126,13 +143,16 @@ def build_training(
         model = workload.build_model(cfg.model, cfg.data).to(device.torch)
     precision = Precision(cfg.train.amp_mode, device)
     with raised_by_workload(workload, "evaluator"):
-        evaluator = workload.evaluator(valid_set, cfg.log.image_channel)
+        evaluator = workload.evaluator(datasets["valid"], cfg.log.image_channel)  # the workload's own samples
     # Before the FLOP count and any wrapper: the first samples through the plain model, loss and evaluator.
     preflight = preflight_check(
         workload, model, datasets, evaluator, precision, device, min(SAMPLES_PER_BATCH, local_batch)
     )
     # Counted on the plain model: FSDP2 and tensor parallelism change its parameters in place.
     utilization = measure_utilization(workload, model, cfg, device, train_set)
+    curriculum = rollout_curriculum(cfg.train, plan.steps_per_epoch)
+    if rollout_steps > 1:
+        utilization = RolloutUtilization(utilization, curriculum)
     with errors_naming_the_config(cfg):
         model = workload.parallelize(model, mesh)  # this rank's part of it (tp/cp), from outside the model
     # DDP across the ranks holding the same parameters, FSDP2 (which shards the parameters first, so it comes
@@ -169,7 +189,11 @@ def build_training(
         forward,
         skip_nonfinite=cfg.train.on_nonfinite == "skip",
         markers=markers,
-        training_loss=workload.training_loss,
+        training_loss=(
+            RolloutLoss(workload.loss, curriculum, cfg.train.rollout_checkpointing)
+            if rollout_steps > 1
+            else workload.training_loss
+        ),
         **extra,
     )
 
@@ -184,6 +208,12 @@ def build_training(
     valid_loader = build_batch_source(
         valid_set, cfg.loader, local_batch, valid_sampler, device, seed=cfg.train.seed + 1
     )
+    # Validation never goes through DDP: its forward would broadcast buffers, a collective that a rank without
+    # validation samples would skip.
+    predict = precision.wrap_inference(forward if replica is model else model)
+    if rollout_steps > 1:
+        evaluator = RolloutEvaluator(evaluator, workload.loss, rollout_steps)
+        predict = RolloutPredict(predict, rollout_steps)
     if getattr(cfg.data, "check_finite", False):  # a workload's data section may not offer the check
         train_loader = FiniteCheckedBatches(train_loader, sampler, train_set, "training", local_batch)
         valid_loader = FiniteCheckedBatches(valid_loader, valid_sampler, valid_set, "validation", local_batch)
@@ -215,9 +245,7 @@ def build_training(
         validation=Validation(
             loader=valid_loader,
             evaluator=evaluator,
-            # Validation never goes through DDP: its forward would broadcast buffers, a collective that a rank
-            # without validation samples would skip.
-            predict=precision.wrap_inference(forward if replica is model else model),
+            predict=predict,
             metric_sum=data_parallel_sum(mesh, default=None),
             lockstep=sharded_over_ranks,
             sync_buffers=buffer_synchronizer(model, cfg.parallel, process, mesh),
@@ -228,7 +256,7 @@ def build_training(
         markers=markers,
     )
     built = BuiltRun(
-        cfg, setup, workload, datasets, checkpoints, profilers=tuple(profilers), preflight=preflight
+        cfg, setup, workload, trained_on, checkpoints, profilers=tuple(profilers), preflight=preflight
     )
     if resume_from is not None:
         # Restores the RNG last, right before training.
@@ -322,6 +350,12 @@ def describe_execution(cfg: RunConfig, on_gpu: bool) -> str:
         parts.append(f"torch.compile ({train.compile_mode})")
     if train.cuda_graphs:
         parts.append("CUDA graphs")
+    if train.max_rollout_steps > 1:
+        schedule = (
+            f"schedule '{train.rollout_schedule}'" if train.rollout_schedule else f"K={train.rollout_steps}"
+        )
+        recompute = ", activations recomputed per step" if train.rollout_checkpointing else ""
+        parts.append(f"multi-step training ({schedule}{recompute})")
     parts.append(f"{loader.pipeline} data pipeline ({loader.num_data_workers} workers)")
     return ", ".join(parts)
 

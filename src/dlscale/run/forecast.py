@@ -3,9 +3,10 @@
 The checkpoint and its config are found as ``dlscale evaluate`` finds them (:func:`dlscale.run.evaluation.prepare`:
 any layout's checkpoint, the run's config with ``--set`` changes). The workload gives the split as trajectories
 (its ``forecast_data`` member); :func:`dlscale.scoring.rollout.roll_out` feeds each prediction back as the next
-input, in inference mode with the run's precision, a batch of initial times at a time. Everything that can be
-checked is checked before the first step (the split, the lead against the data's reach, the initial times, the
-output format and its memory); rank 0 of one process writes ``forecast/<split>-<checkpoint>[-<options>]/`` at
+input, in inference mode with the run's precision, a batch of initial times at a time, scored against the
+climatology :mod:`dlscale.run.forecast_climatology` chooses. Everything that can be checked is checked before the
+first step (the split, the lead against the data's reach, the initial times, the output format and its memory,
+the climatology at every valid time); rank 0 of one process writes ``forecast/<split>-<checkpoint>[-<options>]/`` at
 the end, in one piece (see :mod:`dlscale.report.forecast_report`; the name has a part per option that differs
 from its default, see :mod:`dlscale.run.results_directory`).
 
@@ -30,8 +31,9 @@ import torch
 from dlscale.checkpoint.files import load_model_state
 from dlscale.checkpoint.sharded_state import local_model_state
 from dlscale.data.trajectories import ForecastStart, Trajectories
-from dlscale.errors import ConfigError
+from dlscale.errors import ConfigError, DataError
 from dlscale.report.figures import save_png
+from dlscale.report.forecast_figures import BIAS_FIGURE, SPECTRA_FIGURE, bias_figure, spectra_figure
 from dlscale.report.forecast_files import (
     FORMATS,
     NAMES,
@@ -56,6 +58,7 @@ from dlscale.report.forecast_selection import headline_channels, report_leads
 from dlscale.report.progress_display import PassProgress
 from dlscale.report.run_dir import early_logging
 from dlscale.run.evaluation import Evaluation, prepare
+from dlscale.run.forecast_climatology import choose_climatology
 from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD, choose_starts, format_hours, lead_steps
 from dlscale.run.results_directory import forecast_name_parts, replacement_notice, results_directory_name
 from dlscale.runtime.device import Device
@@ -85,6 +88,9 @@ class ForecastOptions:
     batch_size: int | None = None  # initial times rolled out together (default: the run's global batch)
     write: str | None = None  # "netcdf" or "zarr": the forecasts themselves
     names: str = "wb2"  # the written variables' names: WeatherBench2's ("wb2") or the channels' ("short")
+    # the ACC's reference: a climatology store's path, "time-mean", or None (the data's store, else the time
+    # mean; see dlscale.run.forecast_climatology)
+    climatology: str | None = None
 
 
 @dataclass
@@ -127,6 +133,12 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
         raise ConfigError(f"--names {options.names!r}: expected one of {', '.join(NAMES)}")
     if options.batch_size is not None and options.batch_size < 1:
         raise ConfigError(f"--batch-size {options.batch_size}: expected a number of initial times >= 1")
+    if options.split == "train":
+        # A workload's forecast_data also gives the training split, which multi-step training reads.
+        raise DataError(
+            "no 'train' split to evaluate: a forecast scores held-out data, never the training samples; "
+            "use --split valid or test"
+        )
     trajectories = workload.forecast_data(cfg.data, options.split)
     headline_channels(trajectories)  # a wrong headline_channels fails here, before the rollout
     steps = lead_steps(options.lead, trajectories.step_hours)
@@ -147,6 +159,7 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
     output_dir = _output_dir(evaluation, options, counted, trajectories.step_hours)
     if options.write is not None:
         _check_memory_for_forecasts(len(starts), steps, trajectories)
+    climatology = choose_climatology(options.climatology, trajectories, starts, steps)
 
     device.configure(cfg.train.deterministic, tf32=cfg.train.tf32)
     seed_everything(cfg.train.seed)
@@ -183,6 +196,7 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
         keep_forecasts=options.write is not None,
         map_leads=map_leads,
         show_progress=lambda batches: PassProgress(batches, f"{options.split} rollouts", *progress),
+        climatology=climatology,
     )
     identity = {
         "split": options.split,
@@ -195,6 +209,7 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
         "global_step": (evaluation.payload.get("progress") or {}).get("global_step"),
         "epochs_completed": (evaluation.payload.get("progress") or {}).get("epoch"),
         "data": trajectories.describe(),
+        "climatology": climatology.description if climatology is not None else None,
         "lead": options.lead,
         "init": options.init,
         "init_count": options.init_count,
@@ -226,6 +241,7 @@ def _output_dir(
         step_hours,
         evaluation.override_part,
         options.names,
+        options.climatology,
     )
     name = results_directory_name(options.split, evaluation.source.name, parts)
     return evaluation.source.output_dir / FORECAST_DIR / name
@@ -254,7 +270,10 @@ def _write(
     names: str = "wb2",
 ) -> list[Path]:
     """Write the forecast's directory in one piece (an earlier one stays as it was if this fails)."""
-    figures = {SKILL_FIGURE: skill_figure(document)}
+    figures = {SKILL_FIGURE: skill_figure(document), BIAS_FIGURE: bias_figure(document)}
+    spectra = spectra_figure(document)
+    if spectra is not None:  # a grid with mid-latitude rows
+        figures[SPECTRA_FIGURE] = spectra
     if rollout.maps is not None and rollout.maps.leads:
         channel = map_channel(document["headline_channels"])
         figures[MAPS_FIGURE] = maps_figure(rollout.maps, trajectories, channel, trajectories.step_hours)

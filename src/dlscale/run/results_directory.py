@@ -12,6 +12,8 @@ adds a short part, written the same way whatever way it was asked for (``--lead 
 * ``init8``: ``--init-count 8``, when it keeps fewer than all the initial times;
 * ``netcdf``, ``zarr``: ``--write``; ``netcdf-short``, ``zarr-short`` with ``--names short`` (the file's
   variables named as the channels, not as WeatherBench2's);
+* ``clim-timemean``: ``--climatology time-mean``; ``clim-<8 hex>`` for ``--climatology PATH`` (a hash of the
+  absolute path). Left out, the climatology is the data's default and adds nothing;
 * ``set-<8 hex>``: the ``--set`` changes (a hash of the keys, written in their sections, and their values; the
   last value of a key counts). Those of the ``parallel`` and ``loader`` sections only say how the work is laid
   out and read, not what it computes, and leave the name alone, as ``--batch-size`` does.
@@ -50,6 +52,7 @@ def forecast_name_parts(
     step_hours: float,
     override_part: str | None,
     names: str = "wb2",
+    climatology: str | None = None,
 ) -> list[str]:
     """The parts of a forecast's directory name for options that differ from the defaults. ``lead`` and
     ``init`` have been checked (by :mod:`dlscale.run.forecast_times`); ``effective_init_count`` is None when
@@ -65,9 +68,18 @@ def forecast_name_parts(
         parts.append(f"init{effective_init_count}")
     if write is not None:
         parts.append(write if names == "wb2" else f"{write}-{names}")  # names change only a written file
+    if climatology is not None:
+        parts.append(_climatology_label(climatology))
     if override_part is not None:
         parts.append(override_part)
     return parts
+
+
+def _climatology_label(climatology: str) -> str:
+    """``clim-timemean`` for ``--climatology time-mean``, else ``clim-<8 hex>`` of the store's absolute path."""
+    if climatology == "time-mean":  # dlscale.run.forecast_climatology.TIME_MEAN_OPTION
+        return "clim-timemean"
+    return f"clim-{short_hash([str(Path(climatology).expanduser().absolute())])}"
 
 
 def duration_label(hours: float) -> str:

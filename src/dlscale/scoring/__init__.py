@@ -14,6 +14,10 @@ Where each score is computed:
 * ``classification.py``: loss, top-1 accuracy, the confusion matrix, chance and the majority-class baseline.
 * ``forecast_scores.py``: WeatherBench2's latitude-weighted RMSE and ACC per lead and channel, as float64 sums
   per initial time.
+* ``climatologies.py``: the ACC's reference, a field per valid time (WeatherBench2's climatology by day of year
+  and hour of day) or one mean field.
+* ``spectra.py``: WeatherBench2's zonal energy spectrum at mid-latitudes per lead and channel (the model's and the
+  truth's, as float64 sums per initial time) and the small-scale energy ratio: how much a forecast blurs.
 * ``rollout.py``: autoregressive rollouts through a workload's trajectories, scored for the model, persistence
   and the climatology at every lead.
 

@@ -9,7 +9,9 @@ WeatherBench2's conventions, on fields in physical units:
 * **Bias**, the mean error: for each initial time the weighted mean over the grid of ``f - o``, then the mean
   over initial times (WeatherBench2's ``Bias``): positive where the forecast runs high, and where a rollout
   drifts (a model that cools by a kelvin a day shows it at once, which the RMSE mixes with every other error).
-* **ACC**, the anomaly correlation against a climatology ``c``: for each initial time the weighted, uncentred
+* **ACC**, the anomaly correlation against a climatology ``c`` (given with each batch: the field of each
+  initial time's valid time, WeatherBench2's climatology by day of year and hour of day, or one mean field for
+  every time; see :mod:`dlscale.scoring.climatologies`): for each initial time the weighted, uncentred
   correlation of the anomalies ``f' = f - c`` and ``o' = o - c``,
   ``ACC_i = sum(w f' o') / sqrt(sum(w f'^2) * sum(w o'^2))``, then the mean over initial times. A forecast that
   is the climatology has no anomaly, so its ACC is undefined (NaN, ``null`` in JSON), not 0.
@@ -30,15 +32,9 @@ class ForecastScores:
     """Running sums of the weighted MSE, mean error and ACC of one forecaster per (lead, channel), over initial
     times."""
 
-    def __init__(
-        self,
-        n_leads: int,
-        n_channels: int,
-        latitudes: np.ndarray,
-        climatology: torch.Tensor | None = None,
-    ):
+    def __init__(self, n_leads: int, n_channels: int, latitudes: np.ndarray):
         self.weights = latitude_weights(latitudes).double()  # (H,), averaging 1
-        self.climatology = climatology  # (C, H, W)
+        self.has_acc = False  # whether any add() came with a climatology
         self.mse_sum = np.zeros((n_leads, n_channels))
         self.error_sum = np.zeros((n_leads, n_channels))  # of each initial time's weighted mean error
         self.acc_sum = np.zeros((n_leads, n_channels))
@@ -50,20 +46,23 @@ class ForecastScores:
         lead: int,
         forecast: torch.Tensor,
         truth: torch.Tensor,
+        climatology: torch.Tensor | None = None,
         truth_anomaly: torch.Tensor | None = None,
     ) -> None:
         """Add the (N, C, H, W) forecasts of N initial times at lead index ``lead`` against their truth.
-        ``truth_anomaly``: ``truth`` minus the climatology, when the caller has it (several forecasters scored
-        against one truth share it). Grid sums run in the fields' precision (float32 for the model's), the sums
-        over initial times in float64."""
+        ``climatology``: the ACC's reference at each forecast's valid time, (N, C, H, W) or broadcastable to it
+        ((C, H, W): one field for all); None scores no ACC. ``truth_anomaly``: ``truth`` minus it, when the
+        caller has it (several forecasters scored against one truth share it). Grid sums run in the fields'
+        precision (float32 for the model's), the sums over initial times in float64."""
         weights = self.weights.to(device=forecast.device, dtype=forecast.dtype)
         error = forecast - truth
         mse = _weighted_grid_mean(error * error, weights)  # (N, C)
         self.mse_sum[lead] += mse.double().sum(dim=0).cpu().numpy()
         self.error_sum[lead] += _weighted_grid_mean(error, weights).double().sum(dim=0).cpu().numpy()
         self.count[lead] += forecast.shape[0]
-        if self.climatology is not None:
-            climatology = self.climatology.to(device=forecast.device, dtype=forecast.dtype)
+        if climatology is not None:
+            self.has_acc = True
+            climatology = climatology.to(device=forecast.device, dtype=forecast.dtype)
             if truth_anomaly is None:
                 truth_anomaly = truth - climatology
             acc = anomaly_correlation(forecast - climatology, truth_anomaly, weights)  # (N, C)
@@ -83,8 +82,8 @@ class ForecastScores:
 
     def acc(self) -> np.ndarray | None:
         """(leads, C): the mean over initial times of each time's ACC (NaN where it is nowhere defined); None
-        without a climatology."""
-        if self.climatology is None:
+        when no batch came with a climatology."""
+        if not self.has_acc:
             return None
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.acc_count > 0, self.acc_sum / np.maximum(self.acc_count, 1), np.nan)

@@ -3,12 +3,14 @@
 What ``dlscale forecast`` runs. The data side is a :class:`~dlscale.data.trajectories.Trajectories` (a workload
 offers one through its optional ``forecast_data`` member; the ERA5 workload's is
 :class:`dlscale.data.era5.trajectories.ERA5Trajectories`): states along time in physical units, how to
-normalize them for the model and back, the grid's latitudes and a climatology. The rollout streams: a batch of initial times at a time, one lead at a time, so memory holds a
+normalize them for the model and back, the grid's latitudes. The climatology, the ACC's reference, is the
+caller's (:mod:`dlscale.scoring.climatologies`: a field per valid time, or one mean field). The rollout streams: a batch of initial times at a time, one lead at a time, so memory holds a
 few (batch, C, H, W) fields, never the whole forecast, unless the caller asks to keep it (to write it).
 
 Three forecasters are scored the same way (:mod:`dlscale.scoring.forecast_scores`): the model, persistence
 (the initial state at every lead: what a forecast must beat at short leads) and the climatology (what it must
-beat at long ones; only where the data has one).
+beat at long ones; only where the data has one). The model's and the truth's zonal energy spectra at
+mid-latitudes are kept per lead too (:mod:`dlscale.scoring.spectra`: how much the model blurs as it rolls out).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import torch
 
 from dlscale.data.trajectories import ForecastStart, Trajectories
 from dlscale.errors import DataError
+from dlscale.scoring.climatologies import Climatology
 from dlscale.scoring.forecast_scores import ForecastScores
+from dlscale.scoring.spectra import ZonalSpectra
 
 MODEL, PERSISTENCE, CLIMATOLOGY = "model", "persistence", "climatology"
 
@@ -48,6 +52,8 @@ class Rollout:
     forecasts: np.ndarray | None  # (N, steps, C, H, W) float32, physical units, when kept
     maps: RolloutMaps | None
     first_nonfinite_lead: int | None  # the first lead index where the model's forecast held NaN/inf
+    # The model's and the truth's zonal energy spectra at mid-latitudes; None on a grid without that band.
+    spectra: ZonalSpectra | None = None
 
     @property
     def forecast_steps(self) -> int:
@@ -66,20 +72,21 @@ def roll_out(
     keep_forecasts: bool = False,
     map_leads: Sequence[int] = (),
     show_progress: Callable[[list[list[ForecastStart]]], Iterable[list[ForecastStart]]] = iter,
+    climatology: Climatology | None = None,
 ) -> Rollout:
     """Roll ``predict`` forward ``steps`` model steps from every start, ``batch_size`` starts at a time, scoring
     the model, persistence and (with a climatology) the climatology at leads 0..steps. ``show_progress`` wraps
     the list of batches (a progress bar). ``keep_forecasts`` keeps every forecast (to write them); ``map_leads``
-    keeps the first start's forecast and truth at those lead indices (the rollout figure)."""
+    keeps the first start's forecast and truth at those lead indices (the rollout figure). ``climatology``: the
+    ACC's reference and the climatology forecaster, at each valid time (None: no ACC and no climatology
+    forecaster)."""
     n_leads, n_channels = steps + 1, len(trajectories.channel_names)
-    climatology = trajectories.climatology()
-    if climatology is not None:
-        climatology = climatology.to(device)
     scores = {
-        name: ForecastScores(n_leads, n_channels, trajectories.latitudes, climatology)
+        name: ForecastScores(n_leads, n_channels, trajectories.latitudes)
         for name in (MODEL, PERSISTENCE, CLIMATOLOGY)
         if name != CLIMATOLOGY or climatology is not None
     }
+    spectra = ZonalSpectra.for_grid(n_leads, n_channels, trajectories.latitudes, trajectories.longitudes)
     kept = None
     maps = RolloutMaps(starts[0]) if map_leads and starts else None
     first_nonfinite: int | None = None
@@ -91,7 +98,10 @@ def roll_out(
             initial = trajectories.states(batch, 0).to(device)
             if kept is None and keep_forecasts:
                 kept = np.empty((len(starts), steps, *initial.shape[1:]), dtype=np.float32)
-            _score_lead(scores, 0, initial, initial, initial, climatology)  # the model starts from the truth
+            reference = _reference(climatology, batch, 0, device)
+            _score_lead(scores, 0, initial, initial, initial, reference)  # the model starts from the truth
+            if spectra is not None:
+                spectra.add(0, initial, initial)
             state = trajectories.normalize(initial)
             for lead in range(1, n_leads):
                 synchronize()
@@ -103,7 +113,10 @@ def roll_out(
                 state = prediction.float()
                 forecast = trajectories.to_physical(state)
                 truth = trajectories.states(batch, lead).to(device)
-                _score_lead(scores, lead, forecast, initial, truth, climatology)
+                reference = _reference(climatology, batch, lead, device)
+                _score_lead(scores, lead, forecast, initial, truth, reference)
+                if spectra is not None:
+                    spectra.add(lead, forecast, truth)
                 if first_nonfinite is None and not bool(torch.isfinite(forecast).all()):
                     first_nonfinite = lead
                 if kept is not None:
@@ -114,7 +127,7 @@ def roll_out(
                     maps.truths.append(truth[0].cpu().numpy())
             first += len(batch)
     seconds = time.perf_counter() - began
-    return Rollout(scores, steps, model_seconds, seconds, kept, maps, first_nonfinite)
+    return Rollout(scores, steps, model_seconds, seconds, kept, maps, first_nonfinite, spectra)
 
 
 def _score_lead(
@@ -128,10 +141,17 @@ def _score_lead(
     """Score the model's ``forecast``, persistence (the ``initial`` states) and the climatology against ``truth``
     at lead index ``lead``, the truth's anomaly computed once for the three."""
     anomaly = truth - climatology if climatology is not None else None
-    scores[MODEL].add(lead, forecast, truth, anomaly)
-    scores[PERSISTENCE].add(lead, initial, truth, anomaly)
+    scores[MODEL].add(lead, forecast, truth, climatology, anomaly)
+    scores[PERSISTENCE].add(lead, initial, truth, climatology, anomaly)
     if climatology is not None:
-        scores[CLIMATOLOGY].add(lead, climatology.expand_as(truth), truth, anomaly)
+        scores[CLIMATOLOGY].add(lead, climatology.expand_as(truth), truth, climatology, anomaly)
+
+
+def _reference(
+    climatology: Climatology | None, batch: Sequence[ForecastStart], lead: int, device: torch.device
+) -> torch.Tensor | None:
+    """The climatology at the batch's valid times ``lead`` steps on, on ``device``."""
+    return None if climatology is None else climatology.fields(batch, lead).to(device)
 
 
 def _check_feeds_back(prediction: torch.Tensor, state: torch.Tensor) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,8 +46,23 @@ class TrainConfig:
     # skip: after a skipped update, checkpoints wait until this many steps in a row have trained normally, so
     # a run that then diverges (or ends) still has the checkpoint from before its trouble as its latest
     healthy_steps_before_save: int = 1
+    # Multi-step training (dlscale.training.rollout_loss): each sample is rollout_steps + 1 consecutive states and
+    # the loss the mean over that many autoregressive steps; rollout_schedule grows it during the run
+    # ("epoch 0=1, 2=2, 4=4": dlscale.training.rollout_curriculum); rollout_checkpointing recomputes each step's
+    # activations in backward, so memory stays about one step's whatever K.
+    rollout_steps: int = 1
+    rollout_schedule: str | None = None
+    rollout_checkpointing: bool = False
+
+    @property
+    def max_rollout_steps(self) -> int:
+        """The most autoregressive steps a sample of this run rolls out (what its samples hold)."""
+        if self.rollout_schedule is not None:
+            return parse_rollout_schedule(self.rollout_schedule).max_steps
+        return self.rollout_steps
 
     def __post_init__(self) -> None:
+        self._check_rollout()
         for name in ("global_batch_size", "local_batch_size", "num_iters", "num_epochs"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -86,3 +102,88 @@ class TrainConfig:
                 "cannot be combined with enable_jit: a compiled model brings its own CUDA graphs, so use "
                 "enable_jit with compile_mode: reduce-overhead instead (or switch one of them off)",
             )
+
+    def _check_rollout(self) -> None:
+        if self.rollout_steps < 1:
+            raise InvalidValue(
+                "rollout_steps", f"must be >= 1 (1: one-step training), got {self.rollout_steps}"
+            )
+        if self.rollout_schedule is not None:
+            schedule = parse_rollout_schedule(self.rollout_schedule)
+            if self.rollout_steps not in (1, schedule.max_steps):
+                raise InvalidValue(
+                    "rollout_steps",
+                    f"{self.rollout_steps} disagrees with rollout_schedule {self.rollout_schedule!r}, whose largest "
+                    f"K is {schedule.max_steps}; leave rollout_steps at 1 (the schedule decides) or set it to "
+                    f"{schedule.max_steps}",
+                )
+        if self.cuda_graphs and self.max_rollout_steps > 1:
+            raise InvalidValue(
+                "cuda_graphs",
+                f"cannot capture multi-step training (rollout K up to {self.max_rollout_steps}): a graph replays "
+                "one step's kernels, the number of model calls frozen in; switch cuda_graphs off "
+                "(--no-cuda_graphs) or use enable_jit",
+            )
+
+
+ROLLOUT_UNITS = ("epoch", "step")
+_PAIR = re.compile(r"^(\d+)\s*=\s*(\d+)$")
+
+
+@dataclass(frozen=True)
+class RolloutSchedule:
+    """``rollout_schedule``'s pairs, in its unit: from ``starts[i]`` on, K is ``steps[i]``."""
+
+    unit: str  # "epoch" or "step"
+    starts: tuple[int, ...]
+    steps: tuple[int, ...]
+
+    @property
+    def max_steps(self) -> int:
+        return self.steps[-1]
+
+    def starts_in_steps(self, steps_per_epoch: int) -> tuple[int, ...]:
+        """The starts in global steps."""
+        scale = steps_per_epoch if self.unit == "epoch" else 1
+        return tuple(start * scale for start in self.starts)
+
+
+def parse_rollout_schedule(text: str) -> RolloutSchedule:
+    """``"epoch 0=1, 2=2, 4=4"`` -> its :class:`RolloutSchedule`; InvalidValue naming what is wrong."""
+    example = "e.g. 'epoch 0=1, 2=2, 4=4' or 'step 0=1, 500=2'"
+    unit, _, rest = text.strip().partition(" ")
+    if unit not in ROLLOUT_UNITS:
+        raise InvalidValue(
+            "rollout_schedule",
+            f"{text!r} must start with its unit, one of {', '.join(ROLLOUT_UNITS)}, then AT=K pairs ({example})",
+        )
+    pieces = [piece.strip() for piece in rest.replace(",", " ").split()]
+    if not pieces:
+        raise InvalidValue("rollout_schedule", f"{text!r} has no AT=K pair ({example})")
+    starts, steps = [], []
+    for piece in pieces:
+        match = _PAIR.match(piece)
+        if match is None:
+            raise InvalidValue(
+                "rollout_schedule", f"{piece!r} in {text!r} is no AT=K pair of integers ({example})"
+            )
+        starts.append(int(match.group(1)))
+        steps.append(int(match.group(2)))
+    if starts[0] != 0:
+        raise InvalidValue(
+            "rollout_schedule", f"{text!r} must start at {unit} 0 (its first pair is {pieces[0]!r})"
+        )
+    for before, after, piece in zip(starts, starts[1:], pieces[1:], strict=False):
+        if after <= before:
+            raise InvalidValue(
+                "rollout_schedule", f"{text!r}: {piece!r} starts at {unit} {after}, not after {unit} {before}"
+            )
+    if min(steps) < 1:
+        raise InvalidValue("rollout_schedule", f"{text!r}: every K must be >= 1")
+    for before, after, piece in zip(steps, steps[1:], pieces[1:], strict=False):
+        if after < before:
+            raise InvalidValue(
+                "rollout_schedule",
+                f"{text!r} goes backwards at {piece!r} (K {before} -> {after}); a curriculum's K may only grow",
+            )
+    return RolloutSchedule(unit, tuple(starts), tuple(steps))

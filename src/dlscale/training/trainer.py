@@ -169,7 +169,9 @@ class Trainer:
             p.best_val_loss, p.best_epoch = validation.loss, p.epoch + 1
         samples_per_second = steps * s.global_batch_size / seconds if steps and seconds > 0 else 0.0
         per_gpu = samples_per_second / s.process.world_size
-        utilization = s.utilization
+        utilization = (
+            s.utilization.over_steps(p.global_step - steps, p.global_step) if s.utilization else None
+        )
         report = EpochReport(
             epoch=p.epoch + 1,
             steps=steps,

@@ -52,6 +52,10 @@ class FlopsRating(Protocol):
 
     flops_per_sample: float
 
+    def over_steps(self, first: int, stop: int) -> FlopsRating:
+        """The rating of global steps ``first`` .. ``stop - 1`` (FLOPs per sample may change with the step)."""
+        ...
+
     def tflops(self, samples_per_second: float) -> float: ...
 
     def mfu(self, samples_per_second: float) -> float | None: ...

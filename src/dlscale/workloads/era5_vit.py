@@ -110,11 +110,13 @@ class ERA5ViT(Workload):
 
     def forecast_data(self, data_cfg: ERA5DataConfig, split: str) -> ERA5Trajectories:
         """The ``valid`` or ``test`` years as trajectories for ``dlscale forecast`` (20 channels in and out: the
-        prediction is the next input), with each channel's unit and name."""
+        prediction is the next input), with each channel's unit and name; ``train`` too, which multi-step
+        training reads (dlscale.data.rollout_samples)."""
         from dlscale.data.era5.trajectories import ERA5Trajectories
         from dlscale.workloads.era5_metrics import CHANNEL_QUANTITIES
 
-        self._check_held_out_split(data_cfg, split)
+        if split != "train":
+            self._check_held_out_split(data_cfg, split)
         return ERA5Trajectories(data_cfg, split, CHANNEL_QUANTITIES)
 
     def describe_model(self, model: VisionTransformer) -> str:

@@ -17,6 +17,7 @@ _PATH_FIELDS = (
     "global_means_path",
     "global_stds_path",
     "time_means_path",
+    "climatology_path",
 )
 
 
@@ -31,6 +32,9 @@ class ERA5DataConfig:
     global_means_path: str = "stats/global_means.npy"  # per-channel means, shape (1, C, 1, 1)
     global_stds_path: str = "stats/global_stds.npy"  # per-channel standard deviations, shape (1, C, 1, 1)
     time_means_path: str = "stats/time_means.npy"  # climatology for anomaly metrics; not read by the dataset
+    # WeatherBench2's climatology by day of year and hour of day (dlscale data climatology writes it): the
+    # forecast's ACC reference when it exists, else time_means_path
+    climatology_path: str = "stats/climatology.zarr"
     img_size: tuple[int, int] = (360, 720)  # (H, W) crop taken from the top-left of each field
     dt: int = 1  # target = state dt steps (6 h each) after the input
     n_in_channels: int = 20  # input channels = the first n_in of the file's channels

@@ -10,9 +10,11 @@ model with the statistics the model was trained with.
 Dates: from a file's ``time`` dataset (seconds since 1970, as ``dlscale data import-era5`` writes it), else a
 file named after its year (``2018.h5``, the tutorial's) starts on 1 January at 00 UTC, so time index t is
 ``year-01-01 + t * hours_per_step``; other files give no dates (initial times are then chosen by position).
-The climatology is ``data.time_means_path`` (the tutorial's ``stats/time_means.npy``, (1, C, H_file, W_file)):
-one mean over the training years, not WeatherBench2's climatology by day of year and hour, so the anomaly
-correlation against it still holds the seasonal and daily cycles.
+Two climatologies: ``climatology_store`` is ``data.climatology_path`` (``stats/climatology.zarr``, WeatherBench2's
+climatology by day of year and hour of day, which ``dlscale data climatology`` and ``import-era5`` write) when it
+exists, else None; ``dlscale forecast`` scores against it by default. ``climatology()`` is
+``data.time_means_path`` (the tutorial's ``stats/time_means.npy``, (1, C, H_file, W_file)): one mean over the
+training years, the fallback, against which the anomaly correlation still holds the seasonal and daily cycles.
 """
 
 from __future__ import annotations
@@ -22,23 +24,20 @@ import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 
 from dlscale.data.era5.config import ERA5DataConfig
 from dlscale.data.era5.dataset import ERA5Dataset
+from dlscale.data.era5.file_dates import file_dates
+from dlscale.data.era5.file_dates import hours_per_step as file_hours_per_step
 from dlscale.data.era5.importing.names import weatherbench2_name
-from dlscale.data.era5.layout import FIELDS_KEY, TIME_KEY
 from dlscale.data.trajectories import ForecastStart
 from dlscale.data.values.npy_files import read_npy_array
 from dlscale.errors import DataError
 from dlscale.runtime.file_status import NOT_FOUND, why_not_a_file
 
 log = logging.getLogger(__name__)
-
-DEFAULT_HOURS_PER_STEP = 6.0
-HOURS_ATTRIBUTE = "hours_per_step"
 
 
 class ERA5Trajectories:
@@ -58,7 +57,9 @@ class ERA5Trajectories:
                 f"{cfg.n_out_channels} (data.n_out_channels); a forecast feeds each prediction back as the next "
                 "input, so they must be equal"
             )
-        # Every sample of the split, whatever the run's limit on validation samples.
+        # Every sample of the split, whatever the run's limit on validation samples; multi-step training
+        # (dlscale.data.rollout_samples) keeps the limit of its split as the first that many samples.
+        self.sample_limit = {"train": cfg.limit_nsamples, "valid": cfg.limit_nsamples_val}.get(split)
         self.cfg = dataclasses.replace(cfg, limit_nsamples=None, limit_nsamples_val=None)
         self.split = split
         normalized = ERA5Dataset(self.cfg, split)
@@ -75,13 +76,15 @@ class ERA5Trajectories:
         self.long_names = tuple(known.get(name, (name, ""))[0] for name in self.channel_names)
         self.units = tuple(known.get(name, (name, ""))[1] for name in self.channel_names)
         self.weatherbench2_names = tuple(weatherbench2_name(name) for name in self.channel_names)
-        hours_per_step = _hours_per_step(self.files[0])
+        store = self.cfg.path("climatology_path")
+        self.climatology_store: Path | None = store if store.exists() else None
+        hours_per_step = file_hours_per_step(self.files[0])
         self.step_hours = hours_per_step * self.cfg.dt
         self.hours_per_state = hours_per_step
         self.latitudes = normalized.latitudes
         self.longitudes = normalized.longitudes
         self._dates = [
-            _file_dates(path, steps, self.hours_per_state)
+            file_dates(path, steps, self.hours_per_state)
             for path, steps in zip(self.files, self.steps_per_file, strict=True)
         ]
 
@@ -156,41 +159,3 @@ class ERA5Trajectories:
     def _date(self, trajectory: int, step: int) -> np.datetime64 | None:
         dates = self._dates[trajectory]
         return None if dates is None else dates[step]
-
-
-def _year_of(stem: str) -> int | None:
-    """The year a file is named after (``2018``), else None."""
-    return int(stem) if stem.isdigit() and 1 <= int(stem) <= 9999 else None
-
-
-def _file_dates(path: Path, steps: int, hours_per_state: float) -> np.ndarray | None:
-    """The date of each of a file's ``steps`` states (minutes): its ``time`` dataset where it has one (as
-    ``dlscale data import-era5`` writes, seconds since 1970), else counted from 1 January 00 UTC of the year the
-    file is named after; None for neither."""
-    with h5py.File(path, "r") as handle:
-        times = handle.get(TIME_KEY)
-        if isinstance(times, h5py.Dataset) and times.shape == (steps,):
-            seconds = np.asarray(times[()], dtype=np.int64)
-            return (seconds // 60).astype("datetime64[m]")
-    year = _year_of(path.stem)
-    if year is None:
-        return None
-    minutes = np.round(np.arange(steps) * hours_per_state * 60).astype(np.int64)
-    return np.datetime64(f"{year:04d}-01-01T00:00", "m") + minutes.astype("timedelta64[m]")
-
-
-def _hours_per_step(path) -> float:
-    """The hours between a file's time indices: its ``hours_per_step`` attribute, else 6."""
-    with h5py.File(path, "r") as handle:
-        fields = handle[FIELDS_KEY]
-        hours = fields.attrs.get(HOURS_ATTRIBUTE, DEFAULT_HOURS_PER_STEP)
-        try:
-            hours = float(np.asarray(hours).reshape(-1)[0])
-        except (TypeError, ValueError, IndexError):
-            hours = -1.0
-        if not np.isfinite(hours) or hours <= 0:
-            raise DataError(
-                f"{path}: the attribute {HOURS_ATTRIBUTE!r} of '{FIELDS_KEY}' is {fields.attrs[HOURS_ATTRIBUTE]!r}; "
-                "expected the hours between time indices (> 0)"
-            )
-        return hours

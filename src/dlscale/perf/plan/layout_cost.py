@@ -160,8 +160,14 @@ class TrainingSettings:
     # Batches the loader has on the GPU ahead of the one computing: the gpu pipeline's prefetch_depth, the
     # pytorch loader's one with device_prefetch (loader section), none without.
     device_batches_ahead: int = 1
+    # Multi-step training (train.rollout_steps, the largest K of a rollout_schedule): K model steps per sample,
+    # with each step's activations recomputed in backward under rollout_checkpointing.
+    rollout_steps: int = 1
+    rollout_checkpointing: bool = False
 
     def __post_init__(self) -> None:
+        if self.rollout_steps < 1:
+            raise InvalidValue("rollout_steps", f"must be >= 1, got {self.rollout_steps}")
         if self.global_batch_size < 1:
             raise InvalidValue("global_batch_size", f"must be >= 1, got {self.global_batch_size}")
         if self.local_batch_size is not None and self.local_batch_size < 1:
@@ -193,6 +199,8 @@ class TrainingSettings:
             device_batches_ahead=cfg.loader.prefetch_depth
             if cfg.loader.pipeline == "gpu"
             else int(bool(cfg.loader.device_prefetch)),
+            rollout_steps=cfg.train.max_rollout_steps,
+            rollout_checkpointing=cfg.train.rollout_checkpointing,
         )
 
     @property
@@ -383,7 +391,7 @@ def estimate_batch_bytes(shape: ModelShape, settings: TrainingSettings, local_ba
     ``device_batches_ahead`` whole batches the loader has already copied for the next steps. Every tp and cp rank
     holds the whole local batch (cp splits the tokens after the patch embedding)."""
     inputs = local_batch * shape.in_channels * shape.pixels * FP32_BYTES
-    targets = local_batch * shape.out_channels * shape.pixels * FP32_BYTES
+    targets = settings.rollout_steps * local_batch * shape.out_channels * shape.pixels * FP32_BYTES
     held = targets + (inputs if settings.amp_mode != "none" else 0)
     return held + settings.device_batches_ahead * (inputs + targets)
 
@@ -439,6 +447,8 @@ def estimate_memory(shape: ModelShape, settings: TrainingSettings, layout: Layou
     activations = estimate_activation_bytes(
         shape, settings.amp_mode, local_batch_size(settings, layout), layout.tp, layout.cp
     )
+    state = local_batch_size(settings, layout) * shape.in_channels * shape.pixels * FP32_BYTES
+    saved = rollout_activation_bytes(activations.total, activations.loss, state, settings)
     copies = counts.matmul_weights * HALF_BYTES if settings.amp_mode != "none" else 0
     return MemoryEstimate(
         batch=estimate_batch_bytes(shape, settings, local_batch_size(settings, layout)),
@@ -446,9 +456,27 @@ def estimate_memory(shape: ModelShape, settings: TrainingSettings, layout: Layou
         gradients=counts.stored * FP32_BYTES,
         optimizer_state=counts.stored * FP32_BYTES * settings.optimizer_states,
         sharding_overhead=sharding_overhead,
-        activations=activations.total,
+        activations=saved,
         autocast_weight_copies=copies,
     )
+
+
+def rollout_activation_bytes(one_step: int, loss: int, state: int, settings: TrainingSettings) -> int:
+    """Saved-for-backward bytes of a K-step rollout (``settings.rollout_steps``) whose one step saves
+    ``one_step`` bytes, ``loss`` of them the loss's, from an fp32 input ``state`` of that many bytes.
+
+    Without checkpointing autograd keeps every step's tensors: K x ``one_step``. With
+    ``rollout_checkpointing`` each step keeps only its input (what its recomputation starts from) and its loss's
+    tensors; the peak is the recomputation of the last step, first in backward, with everything else still
+    saved: (K - 1) x (``state`` + ``loss``) + ``one_step`` (the first step's input is the batch, which one
+    step's count already holds, in fp32 as the patch embedding's saved input, under autocast in the batch). One
+    step (K = 1) is ``one_step`` either way."""
+    steps = settings.rollout_steps
+    if steps == 1:
+        return one_step
+    if not settings.rollout_checkpointing:
+        return steps * one_step
+    return (steps - 1) * (state + loss) + one_step
 
 
 @dataclass(frozen=True)
@@ -480,18 +508,22 @@ def estimate_communication(
     tp, cp = layout.tp, layout.cp
     b, n, d = local_batch_size(settings, layout), local_tokens(shape, cp), shape.embed_dim
     a = settings.matmul_bytes
+    # A K-step rollout calls the model K times (twice that many forwards with checkpointing's recomputation).
+    steps = settings.rollout_steps
+    forwards = steps * (2 if settings.rollout_checkpointing and steps > 1 else 1)
     tensor_parallel = 0.0
     if tp > 1:
         forward = 2 * _all_reduce_sent(b * n * d * a, tp)  # attention and MLP outputs
         backward = 2 * _all_reduce_sent(b * n * d * FP32_BYTES, tp)  # gradients of the fp32 norm outputs
-        tensor_parallel = shape.depth * (forward + backward)
+        tensor_parallel = shape.depth * (forwards * forward + steps * backward)
     context_parallel = 0.0
     if cp > 1:
         padded_tokens = cp * n
         keys_values = 2 * b * padded_tokens * (d // tp) * a
-        per_block = 2 * _gather_sent(keys_values, cp)  # all-gather forward, reduce-scatter backward
-        head_output = _gather_sent(b * padded_tokens * shape.head_features * a, cp)
-        embedding_gradient = _gather_sent(b * padded_tokens * d * FP32_BYTES, cp)
+        # all-gather forward, reduce-scatter backward
+        per_block = (forwards + steps) * _gather_sent(keys_values, cp)
+        head_output = forwards * _gather_sent(b * padded_tokens * shape.head_features * a, cp)
+        embedding_gradient = steps * _gather_sent(b * padded_tokens * d * FP32_BYTES, cp)
         context_parallel = shape.depth * per_block + head_output + embedding_gradient
     replicas = layout.dp * cp
     data_parallel = 0.0
@@ -500,8 +532,9 @@ def estimate_communication(
             local_parameters = count_parameters_per_gpu(shape, settings, layout).local
         if settings.data_parallel == "fsdp":
             padded = replicas * count_parameters_per_gpu(shape, settings, layout).stored
-            # two all-gathers of the parameters (forward, backward), one reduce-scatter of the gradients
-            data_parallel = 3 * _gather_sent(padded * FP32_BYTES, replicas)
+            # all-gathers of the parameters in every forward and backward of a unit, one reduce-scatter of
+            # the gradients (a K-step rollout runs each unit's forward and backward K times)
+            data_parallel = (forwards + steps + 1) * _gather_sent(padded * FP32_BYTES, replicas)
         else:
             data_parallel = _all_reduce_sent(local_parameters * FP32_BYTES, replicas)
     return CommEstimate(round(tensor_parallel), round(context_parallel), round(data_parallel))

@@ -395,17 +395,48 @@ def test_a_cloud_url_without_its_backend_says_what_to_install(tmp_path, monkeypa
 
 def test_memory_stays_a_few_blocks_however_long_the_years(tmp_path):
     """numpy's allocations (tracemalloc sees them) peak at two block buffers, the float64 statistics pass and
-    the readers' temporaries: about 7 blocks here, against 32 blocks of data."""
+    the readers' temporaries: about 7 blocks here, against 32 blocks of data; the climatology computed at the
+    end stays within its own budget (bands of rows, dlscale.data.era5.climatology.computing)."""
     years, steps, height, width = [1979, 1980], 64, 32, 64
     times = six_hourly_times(years, steps)
     store = write_wb2(tmp_path / "wb2.zarr", random_truth(len(times), height, width), times)
     block_bytes = 4 * 20 * height * width * 4
+    climatology_bytes = 16 * 2**20  # bands of 2 of the 32 rows
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
-        run_import(store, tmp_path / "out", split="1979:train,1980:valid", block_mb=block_bytes / 2**20)
+        run_import(
+            store,
+            tmp_path / "out",
+            split="1979:train,1980:valid",
+            block_mb=block_bytes / 2**20,
+            climatology_memory_bytes=climatology_bytes,
+        )
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert len(times) * 20 * height * width * 4 == 32 * block_bytes
-    assert peak < 10 * block_bytes, f"peak {peak / 1e6:.1f} MB for blocks of {block_bytes / 1e6:.2f} MB"
+    assert peak < 10 * block_bytes + climatology_bytes, (
+        f"peak {peak / 1e6:.1f} MB for blocks of {block_bytes / 1e6:.2f} MB"
+    )
+    assert (tmp_path / "out" / "stats" / "climatology.zarr").is_dir()
+
+
+# --- climatology ----------------------------------------------------------------------------------------------
+
+
+def test_the_climatology_of_the_train_years_is_computed_at_the_end_and_other_years_on_a_rerun(arco, tmp_path):
+    out = tmp_path / "out"
+    run_import(arco, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["climatology"]["years"] == [1979, 1980]  # the train years by default
+    assert json.loads((out / "stats" / "climatology.zarr" / ".zattrs").read_text())["years"] == [1979, 1980]
+    # The same import with other years (any split's) keeps the year files and recomputes the climatology only.
+    result = run_import(arco, out, climatology_years=(1980, 1982))
+    assert result.already_complete and result.climatology["years"] == [1980, 1982]
+    assert json.loads((out / "manifest.json").read_text())["climatology"]["years"] == [1980, 1982]
+    assert json.loads((out / "stats" / "climatology.zarr" / ".zattrs").read_text())["splits"] == [
+        "train",
+        "valid",
+        "test",
+    ]

@@ -2,7 +2,10 @@
 
     OUT/train|valid|test/<year>.h5   dataset `fields` (time, channel, lat, lon) float32, latitude north to south
     OUT/stats/global_means.npy, global_stds.npy (1, C, 1, 1), time_means.npy (1, C, H, W): train years only
-    OUT/manifest.json                source, selection, grid, versions (written last)
+    OUT/stats/climatology.zarr       WeatherBench2's climatology by day of year and hour of day over the
+                                     --climatology-years (default: the train years), from the written files
+                                     (:mod:`dlscale.data.era5.climatology`)
+    OUT/manifest.json                source, selection, grid, climatology, versions (written last)
 
 The source is streamed in blocks of whole time steps (``block_mb`` of float32 each), so memory stays a few
 blocks whatever the size of a year (121 GB at 0.25 degree and 20 channels). The channels of a block are read
@@ -32,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlscale.data.era5.climatology.years import check_years_held
 from dlscale.data.era5.importing.names import ChannelSource, resolve_channels
 from dlscale.data.era5.importing.output import (
     GENERATOR,
@@ -43,6 +47,7 @@ from dlscale.data.era5.importing.output import (
 )
 from dlscale.data.era5.importing.plan import (
     DEFAULT_SPLIT,
+    SPLITS,
     YearFile,
     check_dt,
     hour_text,
@@ -80,6 +85,8 @@ class ImportRequest:
     block_mb: float = 256.0
     readers: int = 4
     progress: str = "auto"
+    climatology_years: tuple[int, int] | None = None  # None: from the first to the last train year
+    climatology_memory_bytes: int = 2 * 2**30  # one latitude band's sums (dlscale.data.era5.climatology)
 
 
 @dataclass
@@ -96,6 +103,7 @@ class ImportResult:
     seconds: float = 0.0
     peak_rss_bytes: int = 0
     already_complete: bool = False
+    climatology: dict | None = None  # what ClimatologyResult.describe() says, when one was computed
 
     @property
     def gb_per_s(self) -> float:
@@ -112,12 +120,16 @@ def import_era5(request: ImportRequest, report: Callable[[str], None] = print) -
     try:
         bindings = resolve_channels(request.channels, source.levels_of_variables(), source.description)
         files = _plan_files(source, bindings, request, split_of_year)
+        climatology_years = _climatology_years(request, files, source.description)
         latitude = source.latitude if source.north_to_south else source.latitude[::-1]
         result = ImportResult(request.out, len(latitude), len(source.longitude), list(request.channels))
         selection = _selection(bindings, request, files, latitude, source.longitude)
         status = claim_output(request.out, selection)
         if status == "complete":
             result.already_complete = True
+            result.climatology = ensure_climatology(request, files, climatology_years, report)
+            if result.climatology is not None:
+                _write_manifest(request, source, selection, files, result.climatology)
             return result
         try:
             _import_files(source, bindings, request, files, latitude, result, status, report)
@@ -132,7 +144,8 @@ def import_era5(request: ImportRequest, report: Callable[[str], None] = print) -
                     f"{exc} ({kept} finished year files in {request.out} are kept; a rerun continues)"
                 ) from exc
             raise
-        _write_manifest(request, source, selection, files)
+        result.climatology = ensure_climatology(request, files, climatology_years, report)
+        _write_manifest(request, source, selection, files, result.climatology)
     finally:
         source.close()
     result.seconds = time.perf_counter() - started
@@ -255,8 +268,56 @@ def _write_stats(directory: Path, stats: StreamingChannelStats) -> None:
         write_bytes_atomically(directory / name, lambda f, array=array: np.save(f, array, allow_pickle=False))
 
 
+def _climatology_years(request: ImportRequest, files: list[YearFile], where: str) -> tuple[int, int]:
+    """--climatology-years, checked against the years the import writes (before anything is written)."""
+    imported = {file.year for file in files}
+    if request.climatology_years is not None:
+        years = request.climatology_years
+    else:
+        train = [file.year for file in files if file.split == "train"]
+        years = (min(train), max(train))
+    check_years_held(years, imported, "--climatology-years", f"the import of {where}")
+    return years
+
+
+def ensure_climatology(
+    request: ImportRequest, files: list[YearFile], years: tuple[int, int], report: Callable[[str], None]
+) -> dict | None:
+    """Compute ``stats/climatology.zarr`` over ``years`` from the written files, unless a store of those years
+    is there already; None (and a line saying how to compute it later) without zarr."""
+    out = request.out
+    from dlscale.data.era5.climatology.building import ClimatologyRequest, build_climatology, climatology_path
+    from dlscale.data.era5.climatology.store_layout import stored_years
+
+    try:
+        import zarr  # noqa: F401
+    except ImportError:
+        report(
+            "import-era5: no climatology by day of year (zarr is not installed: pip install 'dlscale[era5]', then "
+            f"dlscale data climatology --root {out} --split train,valid,test --years {years[0]}-{years[1]})"
+        )
+        return None
+    path = climatology_path(out)
+    if stored_years(path) == years:
+        report(f"import-era5: {path} already holds the climatology of {years[0]}-{years[1]}")
+        return {"path": str(path), "years": list(years), "kept": True}
+    splits = tuple(split for split in SPLITS if any(file.split == split for file in files))
+    wanted = ClimatologyRequest(
+        out,
+        splits,
+        years,
+        memory_bytes=request.climatology_memory_bytes,
+        years_flag="--climatology-years",
+    )
+    return build_climatology(wanted, report).describe()
+
+
 def _write_manifest(
-    request: ImportRequest, source: ERA5Source, selection: dict, files: list[YearFile]
+    request: ImportRequest,
+    source: ERA5Source,
+    selection: dict,
+    files: list[YearFile],
+    climatology: dict | None = None,
 ) -> None:
     manifest = {
         "generator": GENERATOR,
@@ -268,6 +329,7 @@ def _write_manifest(
         },
         "steps": {f"{f.split}/{f.year}.h5": len(f.times) for f in files},
         "statistics": "global_means, global_stds and time_means over the train years",
+        "climatology": climatology,
         "versions": versions(),
     }
     write_text_atomically(request.out / MANIFEST_FILE, to_json(manifest))
