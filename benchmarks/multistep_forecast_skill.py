@@ -98,7 +98,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             documents.append(dlscale.forecast(run, split=args.split, lead=args.lead, init=",".join(block)))
         per_run[label] = {"run": run, "blocks": [_scores_of(doc, args.channels) for doc in documents]}
         per_run[label]["climatology"] = documents[0].get("climatology")
-        per_run[label]["spectra"] = documents[0].get("spectra")
     return {
         "benchmark": "multistep_forecast_skill",
         "date": datetime.now().isoformat(timespec="seconds"),
@@ -119,11 +118,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _six_digits(values: list[float | None] | None) -> list[float | None] | None:
+    """A lead's scores to 6 significant digits (the record stays small; the intervals are far wider)."""
+    return None if values is None else [None if v is None else float(f"{v:.6g}") for v in values]
+
+
 def _scores_of(document: dict[str, Any], channels: list[str]) -> dict[str, Any]:
     scores = document["scores"]
     return {
         forecaster: {
-            metric: {name: (scores[forecaster].get(metric) or {}).get(name) for name in channels}
+            metric: {name: _six_digits((scores[forecaster].get(metric) or {}).get(name)) for name in channels}
             for metric in ("rmse", "acc", "bias")
         }
         for forecaster in FORECASTERS
@@ -266,7 +270,7 @@ def plot(record: dict[str, Any], path: Path) -> None:
 
 
 def write_results(record: dict[str, Any], stem: Path) -> None:
-    write_text_atomically(stem.with_suffix(".json"), json.dumps(record, indent=1))
+    write_text_atomically(stem.with_suffix(".json"), json.dumps(record))
     write_text_atomically(stem.with_suffix(".md"), markdown(record))
     plot(record, stem.with_suffix(".png"))
     print(f"wrote {stem}.json, .md, .png")

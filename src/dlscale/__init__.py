@@ -1,6 +1,6 @@
 """dlscale: train scientific deep-learning models at scale, from one CPU to many GPU nodes, and make them fast.
 
-The Python API (:mod:`dlscale.api`): ``dlscale.train(...)``, ``dlscale.bench(...)``, ``dlscale.tune(...)``, ``dlscale.evaluate(...)``, ``dlscale.forecast(...)``, ``dlscale.load_config(...)``,
+The Python API (:mod:`dlscale.api`): ``dlscale.train(...)``, ``dlscale.bench(...)``, ``dlscale.tune(...)``, ``dlscale.evaluate(...)``, ``dlscale.forecast(...)``, ``dlscale.score(...)``, ``dlscale.load_config(...)``,
 ``dlscale.export(...)``, ``dlscale.load_model(...)``.
 They are imported on first use, so ``import dlscale`` (and ``dlscale --version``) stays instant.
 """
@@ -20,10 +20,11 @@ __all__ = [
     "forecast",
     "load_config",
     "load_model",
+    "score",
     "train",
     "tune",
 ]
-_API = ("bench", "evaluate", "export", "forecast", "load_config", "load_model", "train", "tune")
+_API = ("bench", "evaluate", "export", "forecast", "load_config", "load_model", "score", "train", "tune")
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,7 @@
     exported = dlscale.load_model("exports/demo")           # .model, .normalize, .denormalize, .config
     metrics = dlscale.evaluate("runs/demo/00", split="test", checkpoint="best")   # its eval/.../metrics.json
     scores = dlscale.forecast("runs/demo/00", lead="10d")   # RMSE/ACC per lead: its forecast/.../scores.json
+    scores = dlscale.score("forecast.zarr", "era5.zarr", compare=["ifs=hres.zarr"])  # forecasts made anywhere
 
 Every function that reads a config takes ``yaml_config`` and ``config`` first (the YAML file and the name of
 a config in it) and ``workload`` by keyword; the old order of ``train``, ``bench`` and ``load_config``,
@@ -44,6 +45,7 @@ from dlscale.run.evaluation import evaluate_checkpoint
 from dlscale.run.forecast import ForecastOptions, forecast_checkpoint
 from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD
 from dlscale.run.process_group import distributed_run
+from dlscale.run.score import score_forecasts
 from dlscale.run.training import train_and_summarize
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import detect_process
@@ -179,6 +181,28 @@ def forecast(
     options = ForecastOptions(split, lead, init, init_count, batch_size, write, names, chosen)
     choice = str(checkpoint) if checkpoint is not None else None
     return forecast_checkpoint(run_dir_or_checkpoint, options, choice, overrides).document
+
+
+def score(
+    forecast: str | Path,
+    truth: str | Path,
+    climatology: str | Path | None = None,
+    out: str | Path | None = None,
+    compare: Sequence[str | Path] = (),
+) -> dict[str, Any]:
+    """``dlscale score``: score ``forecast`` (a zarr store or netCDF file in WeatherBench2's layout, or
+    ``"LABEL=PATH"``), and each of ``compare`` beside it, against ``truth`` (a store ``import-era5`` reads),
+    with the code that scores ``dlscale forecast``'s rollouts; ``climatology``: a climatology store by day of
+    year and hour of day for the ACC and the climatology forecaster (None: no ACC).
+
+    Returns the ``scores.json`` document, as :func:`forecast` does: one forecast is ``doc["scores"]["model"]``,
+    each compared one ``doc["scores"][label]``, beside ``"persistence"`` (and ``"climatology"``); ``doc["common"]``
+    says which initial times and leads were scored. Written to ``out`` (default: ``score-<name>`` beside the
+    forecast) in one piece. See :mod:`dlscale.run.score`.
+    """
+    if isinstance(compare, (str, Path)):
+        compare = [compare]
+    return score_forecasts([forecast, *compare], truth, climatology, out).document
 
 
 def tune(

@@ -12,6 +12,7 @@ dlscale plan --yaml_config configs/vit_era5.yaml --config mp --gpus 4   # memory
 dlscale export runs/short/00 --out exports/short                        # the model without the run
 dlscale evaluate runs/short/00 --split test --checkpoint best            # metrics on held-out data (eval/)
 dlscale forecast runs/short/00 --lead 10d                                # rollouts scored per lead (forecast/)
+dlscale score forecast.zarr --truth era5.zarr --compare ifs=hres.zarr     # forecasts in WeatherBench2's layout
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dlscale.commands.options import (
     add_monitor_arguments,
     add_plan_arguments,
     add_scaling_arguments,
+    add_score_arguments,
     add_tune_arguments,
 )
 from dlscale.errors import DlscaleError
@@ -236,6 +238,16 @@ def build_parser() -> argparse.ArgumentParser:
         early_check="dlscale.commands.trained_run_checks:check_forecast_command",
     )
     add_forecast_arguments(forecast)
+
+    score = commands.add_parser(
+        "score",
+        help="score forecasts in WeatherBench2's layout (ours or another model's) against a truth store: RMSE, "
+        "bias, ACC per lead, several side by side with --compare",
+    )
+    score.set_defaults(
+        run="dlscale.commands.score:run_score", early_check="dlscale.commands.score:check_score_command"
+    )
+    add_score_arguments(score)
 
     export = commands.add_parser(
         "export",

@@ -87,6 +87,17 @@ BAD_COMMANDS = {
         ["forecast", "RUN", "--names", "short"],
         "--names short: names the variables of",
     ),
+    "missing forecast": (
+        ["score", "nosuch.zarr", "--truth", "era5.zarr"],
+        "nosuch.zarr: no such forecast file",
+    ),
+    "forecast not a store": (["score", "RUN", "--truth", "era5.zarr"], "is a directory but not a zarr store"),
+    "missing truth": (["score", YAML, "--truth", "nosuch.zarr"], "--truth nosuch.zarr: no such zarr store"),
+    "same labels": (["score", YAML, "--truth", YAML, "--compare", YAML], "two forecasts have the label"),
+    "time-mean to score": (
+        ["score", YAML, "--truth", YAML, "--climatology", "time-mean"],
+        "--climatology time-mean: a scored forecast has no training years",
+    ),
     "missing checkpoint": (
         ["evaluate", "RUN", "--checkpoint", "nosuch.pt"],
         "--checkpoint nosuch.pt: does not",

@@ -210,6 +210,46 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
     add_trained_config_changes(parser, "data.root=/scratch/era5 or train.amp_mode=bf16")
 
 
+def add_score_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dlscale score`` (see dlscale.run.score)."""
+    parser.epilog = (
+        "Reads forecasts in WeatherBench2's layout (dims time, prediction_timedelta, latitude, longitude, level; "
+        "a zarr store or a netCDF file, e.g. dlscale forecast --write zarr's, or a WeatherBench2 baseline) and "
+        "writes scores.json, scores.csv, skill_vs_lead.png, bias.png (and spectra.png for one forecast) into "
+        "--out, default score-<name> beside the forecast."
+    )
+    parser.add_argument(
+        "forecast", metavar="FORECAST", help="the forecast: a zarr store or netCDF file, or LABEL=PATH"
+    )
+    parser.add_argument(
+        "--truth",
+        required=True,
+        metavar="STORE",
+        help="the truth: an ERA5 store import-era5 reads (a WeatherBench2 or ARCO-ERA5 zarr store, CDS netCDF "
+        "files) holding the forecast's valid times on its grid",
+    )
+    parser.add_argument(
+        "--climatology",
+        metavar="PATH",
+        help="a climatology store by day of year and hour of day in WeatherBench2's layout, for the ACC and "
+        "the climatology forecaster (without it: no ACC)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="the scores' directory (default: score-<name> beside FORECAST)",
+    )
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        default=[],
+        metavar="[LABEL=]PATH",
+        help="more forecasts scored beside FORECAST on the initial times and leads all of them have: one "
+        "table (a forecaster per forecast in scores.csv) and one skill figure",
+    )
+
+
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``dlscale tune`` (the parser already has the config arguments and the tutorials' flags)."""
     group = parser.add_argument_group("tune")

@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from dlscale.report.forecast_selection import lead_text
-from dlscale.scoring.rollout import MODEL, PERSISTENCE
+from dlscale.scoring.rollout import CLIMATOLOGY, MODEL, PERSISTENCE
 
 BIAS_FIGURE = "bias.png"
 SPECTRA_FIGURE = "spectra.png"
@@ -25,11 +25,33 @@ PANEL_INCHES = (4.2, 3.4)  # one panel's (width, height)
 LEGEND_INCHES = 1.3  # the spectra's legend, right of the panels
 # Lines from dark (the first lead) to light (the last): the shares of each colour map used.
 DARKEST, LIGHTEST = 0.95, 0.4
+# The baselines' lines; the model's, or each of the forecasts dlscale score compares, is solid, in these colours.
+BASELINE_STYLES = {PERSISTENCE: ("C1", "--"), CLIMATOLOGY: ("C2", ":")}
+FORECAST_COLOURS = ("C0", "C3", "C4", "C5", "C6", "C7", "C8", "C9")
+
+
+def forecaster_styles(forecasters: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Forecaster -> (colour, line style): the baselines their own, each other forecaster (the model, or the
+    forecasts compared) a solid line in the next colour."""
+    forecasts = [name for name in forecasters if name not in BASELINE_STYLES]
+    styles = {name: (FORECAST_COLOURS[i % len(FORECAST_COLOURS)], "-") for i, name in enumerate(forecasts)}
+    return {name: styles.get(name) or BASELINE_STYLES[name] for name in forecasters}
+
+
+def origin_text(document: dict[str, Any]) -> str:
+    """What was scored, for a figure's title: the run, split and checkpoint of ``dlscale forecast``, or
+    ``dlscale score``'s own ``title``, and the count of initial times."""
+    count = document["initial_time_count"]
+    times = f"{count} initial time{'s' if count != 1 else ''}"
+    if "title" in document:
+        return f"{document['title']}: {times}"
+    return f"{document['workload']}, {document['split']} split, {document['checkpoint_name']}: {times}"
 
 
 def bias_figure(document: dict[str, Any]) -> Figure:
-    """The mean error (forecast - truth) against lead time of the model and persistence for each headline
-    channel, in the channel's unit, with the zero line; leads in days, or in hours below two days."""
+    """The mean error (forecast - truth) against lead time of every forecaster but the climatology (the model,
+    or each forecast compared, and persistence) for each headline channel, in the channel's unit, with the zero
+    line; leads in days, or in hours below two days."""
     names = document["headline_channels"]
     width, height = _size(len(names))
     figure = Figure(figsize=(width, height), layout="constrained")
@@ -37,12 +59,12 @@ def bias_figure(document: dict[str, Any]) -> Figure:
     in_hours = document["lead_hours"][-1] < 48
     leads = np.asarray(document["lead_hours"]) / (1 if in_hours else 24)
     marker = "o" if len(leads) <= 13 else None
-    styles = {MODEL: ("C0", "-"), PERSISTENCE: ("C1", "--")}
+    styles = forecaster_styles(list(document["scores"]))
     for axis, name in zip(axes, names, strict=True):
         unit = document["units"].get(name, "")
         axis.axhline(0.0, color="black", linewidth=0.8)
         for forecaster, (color, style) in styles.items():
-            if forecaster in document["scores"]:
+            if forecaster != CLIMATOLOGY:
                 bias = _floats(document["scores"][forecaster]["bias"][name])
                 axis.plot(leads, bias, style, color=color, label=forecaster, marker=marker, markersize=3)
         axis.set_title(name)
@@ -50,7 +72,7 @@ def bias_figure(document: dict[str, Any]) -> Figure:
         axis.set_ylabel(f"bias, forecast - truth [{unit}]" if unit else "bias, forecast - truth")
         axis.grid(alpha=0.3)
     axes[0].legend(loc="best", fontsize="small")
-    _wrapped_title(figure, f"{_origin(document)}: mean error (latitude-weighted) by lead time", width)
+    _wrapped_title(figure, f"{origin_text(document)}: mean error (latitude-weighted) by lead time", width)
     return figure
 
 
@@ -105,7 +127,7 @@ def spectra_figure(document: dict[str, Any]) -> Figure | None:
     figure.legend(handles, labels, loc="outside right center", fontsize="small")
     low, high = spectra["band_latitudes"]
     title = (
-        f"{_origin(document)}: zonal energy spectra of the rows at {low:g} to {high:g} deg N and S "
+        f"{origin_text(document)}: zonal energy spectra of the rows at {low:g} to {high:g} deg N and S "
         f"(shaded: the small scales, k > {largest / 2:g})"
     )
     _wrapped_title(figure, title, width)
@@ -129,14 +151,6 @@ def _wavelength(spectra: dict[str, Any]):
             return kilometres_per_circle / np.where(values > 0, values, np.nan)
 
     return convert
-
-
-def _origin(document: dict[str, Any]) -> str:
-    count = document["initial_time_count"]
-    return (
-        f"{document['workload']}, {document['split']} split, {document['checkpoint_name']}: "
-        f"{count} initial time{'s' if count != 1 else ''}"
-    )
 
 
 def _wrapped_title(figure: Figure, title: str, width: float) -> None:

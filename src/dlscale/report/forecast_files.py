@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from dlscale.data.era5.optional_modules import require_era5_module
 from dlscale.data.trajectories import ForecastStart, Trajectories
 from dlscale.errors import ConfigError, DataError
 
@@ -41,13 +42,7 @@ NAMES = (
 
 def require_xarray(what: str) -> Any:
     """The xarray module, or one line saying how to install it."""
-    try:
-        import xarray
-    except ImportError:
-        raise ConfigError(
-            f"{what} needs xarray, which is not installed: pip install 'dlscale[era5]' (xarray, h5netcdf, zarr)"
-        ) from None
-    return xarray
+    return require_era5_module("xarray", what)
 
 
 def check_writable_format(fmt: str) -> None:

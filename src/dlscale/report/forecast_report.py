@@ -27,9 +27,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from dlscale.data.trajectories import Trajectories
+from dlscale.report.forecast_figures import forecaster_styles, origin_text
 from dlscale.report.forecast_selection import headline_channels, lead_text, report_leads
 from dlscale.report.forecast_spectra import SPECTRA_CONVENTION, spectra_entry
-from dlscale.scoring.rollout import CLIMATOLOGY, MODEL, PERSISTENCE, Rollout, RolloutMaps
+from dlscale.scoring.rollout import CLIMATOLOGY, Rollout, RolloutMaps
 
 log = logging.getLogger("dlscale.train")
 
@@ -177,7 +178,7 @@ def headline_lines(document: dict[str, Any]) -> list[str]:
     rows = document["headline"]
     if not rows:
         return ["(no lead to show: the rollout has no step)"]
-    forecasters = [f for f in (MODEL, PERSISTENCE, CLIMATOLOGY) if f in document["forecasters"]]
+    forecasters = list(document["forecasters"])  # the model (or the forecasts compared), then the baselines
     correlated = [f for f in forecasters if f != CLIMATOLOGY and rows[0].get(f"{f}_acc") is not None]
     width = max(len(f) for f in forecasters) + 2
     channel = max(8, *(len(row["channel"]) + 1 for row in rows))
@@ -210,16 +211,12 @@ def skill_figure(document: dict[str, Any]) -> Figure:
     in_hours = document["lead_hours"][-1] < 48
     leads = np.asarray(document["lead_hours"]) / (1 if in_hours else 24)
     marker = "o" if len(leads) <= 13 else None  # a short rollout's few leads stay visible as points
-    styles = {
-        MODEL: ("C0", "-", "model"),
-        PERSISTENCE: ("C1", "--", "persistence"),
-        CLIMATOLOGY: ("C2", ":", "climatology"),
-    }
+    styles = forecaster_styles(list(document["scores"]))
     for column, name in enumerate(names):
         unit = document["units"].get(name, "")
         for forecaster, entry in document["scores"].items():
-            color, style, label = styles[forecaster]
-            line = {"color": color, "label": label, "marker": marker, "markersize": 3}
+            color, style = styles[forecaster]
+            line = {"color": color, "label": forecaster, "marker": marker, "markersize": 3}
             axes[0, column].plot(leads, _finite(entry["rmse"][name]), style, **line)
             if has_acc and entry["acc"] is not None and forecaster != CLIMATOLOGY:
                 axes[1, column].plot(leads, _finite(entry["acc"][name]), style, **line)
@@ -238,11 +235,7 @@ def skill_figure(document: dict[str, Any]) -> Figure:
         for row in range(rows):
             axes[row, column].grid(alpha=0.3)
     axes[0, 0].legend(loc="upper left", fontsize="small")
-    count = document["initial_time_count"]
-    title = (
-        f"{document['workload']}, {document['split']} split, {document['checkpoint_name']}: "
-        f"{count} initial time{'s' if count != 1 else ''}"
-    )
+    title = origin_text(document)
     if has_acc:
         title += f"; ACC against the climatology {climatology_label(document.get('climatology'))}"
     if document.get("headline_note"):

@@ -32,8 +32,6 @@ from dlscale.checkpoint.files import load_model_state
 from dlscale.checkpoint.sharded_state import local_model_state
 from dlscale.data.trajectories import ForecastStart, Trajectories
 from dlscale.errors import ConfigError, DataError
-from dlscale.report.figures import save_png
-from dlscale.report.forecast_figures import BIAS_FIGURE, SPECTRA_FIGURE, bias_figure, spectra_figure
 from dlscale.report.forecast_files import (
     FORMATS,
     NAMES,
@@ -44,19 +42,16 @@ from dlscale.report.forecast_files import (
 from dlscale.report.forecast_report import (
     MAP_DAYS,
     MAPS_FIGURE,
-    SCORES_CSV,
     SCORES_JSON,
-    SKILL_FIGURE,
     forecast_document,
     log_forecast,
     map_channel,
     maps_figure,
-    scores_csv,
-    skill_figure,
 )
 from dlscale.report.forecast_selection import headline_channels, report_leads
 from dlscale.report.progress_display import PassProgress
 from dlscale.report.run_dir import early_logging
+from dlscale.report.scores_directory import score_figures, write_scores_directory
 from dlscale.run.evaluation import Evaluation, prepare
 from dlscale.run.forecast_climatology import choose_climatology
 from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD, choose_starts, format_hours, lead_steps
@@ -64,7 +59,6 @@ from dlscale.run.results_directory import forecast_name_parts, replacement_notic
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import detect_process
 from dlscale.runtime.rng import seed_everything
-from dlscale.runtime.storage import write_results_directory
 from dlscale.runtime.strict_json import to_json
 from dlscale.scoring.rollout import Rollout, roll_out
 from dlscale.training.precision import Precision
@@ -270,27 +264,18 @@ def _write(
     names: str = "wb2",
 ) -> list[Path]:
     """Write the forecast's directory in one piece (an earlier one stays as it was if this fails)."""
-    figures = {SKILL_FIGURE: skill_figure(document), BIAS_FIGURE: bias_figure(document)}
-    spectra = spectra_figure(document)
-    if spectra is not None:  # a grid with mid-latitude rows
-        figures[SPECTRA_FIGURE] = spectra
+    figures = score_figures(document)
     if rollout.maps is not None and rollout.maps.leads:
         channel = map_channel(document["headline_channels"])
         figures[MAPS_FIGURE] = maps_figure(rollout.maps, trajectories, channel, trajectories.step_hours)
-    data_file = FORMATS[fmt] if fmt is not None else None
-    document["files"] = [SCORES_JSON, SCORES_CSV, *figures, *([data_file] if data_file else [])]
 
-    def fill(tmp: Path) -> None:
-        for name, figure in figures.items():
-            save_png(figure, tmp / name)
+    def write_data(path: Path) -> None:
         if fmt is not None and rollout.forecasts is not None:
             attributes = {
                 key: document[key] for key in ("workload", "checkpoint", "split", "dlscale_version")
             }
             dataset = forecast_dataset(rollout.forecasts, starts, trajectories, attributes, names)
-            write_forecast_file(dataset, tmp / FORMATS[fmt], fmt)
-        (tmp / SCORES_CSV).write_text(scores_csv(document))
-        (tmp / SCORES_JSON).write_text(to_json(document))
+            write_forecast_file(dataset, path, fmt)
 
-    write_results_directory(directory, fill, "the forecast")
-    return [directory / name for name in document["files"]]
+    data_file = FORMATS[fmt] if fmt is not None else None
+    return write_scores_directory(directory, document, figures, "the forecast", data_file, write_data)

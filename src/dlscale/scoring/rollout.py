@@ -58,7 +58,7 @@ class Rollout:
     @property
     def forecast_steps(self) -> int:
         """Model forward passes of one initial time each (a batch of B initial times is B of them)."""
-        return int(self.scores[MODEL].count[1:].sum())
+        return int(self.scores[MODEL].count[1:].sum()) if MODEL in self.scores else 0
 
 
 def roll_out(
@@ -81,11 +81,9 @@ def roll_out(
     ACC's reference and the climatology forecaster, at each valid time (None: no ACC and no climatology
     forecaster)."""
     n_leads, n_channels = steps + 1, len(trajectories.channel_names)
-    scores = {
-        name: ForecastScores(n_leads, n_channels, trajectories.latitudes)
-        for name in (MODEL, PERSISTENCE, CLIMATOLOGY)
-        if name != CLIMATOLOGY or climatology is not None
-    }
+    scores = forecaster_scores(
+        (MODEL, PERSISTENCE), n_leads, n_channels, trajectories.latitudes, climatology is not None
+    )
     spectra = ZonalSpectra.for_grid(n_leads, n_channels, trajectories.latitudes, trajectories.longitudes)
     kept = None
     maps = RolloutMaps(starts[0]) if map_leads and starts else None
@@ -99,7 +97,8 @@ def roll_out(
             if kept is None and keep_forecasts:
                 kept = np.empty((len(starts), steps, *initial.shape[1:]), dtype=np.float32)
             reference = _reference(climatology, batch, 0, device)
-            _score_lead(scores, 0, initial, initial, initial, reference)  # the model starts from the truth
+            # the model starts from the truth
+            score_lead(scores, 0, {MODEL: initial, PERSISTENCE: initial}, initial, reference)
             if spectra is not None:
                 spectra.add(0, initial, initial)
             state = trajectories.normalize(initial)
@@ -114,7 +113,7 @@ def roll_out(
                 forecast = trajectories.to_physical(state)
                 truth = trajectories.states(batch, lead).to(device)
                 reference = _reference(climatology, batch, lead, device)
-                _score_lead(scores, lead, forecast, initial, truth, reference)
+                score_lead(scores, lead, {MODEL: forecast, PERSISTENCE: initial}, truth, reference)
                 if spectra is not None:
                     spectra.add(lead, forecast, truth)
                 if first_nonfinite is None and not bool(torch.isfinite(forecast).all()):
@@ -130,19 +129,27 @@ def roll_out(
     return Rollout(scores, steps, model_seconds, seconds, kept, maps, first_nonfinite, spectra)
 
 
-def _score_lead(
+def forecaster_scores(
+    forecasters: Sequence[str], n_leads: int, n_channels: int, latitudes: np.ndarray, with_climatology: bool
+) -> dict[str, ForecastScores]:
+    """Empty sums for each of ``forecasters`` and, ``with_climatology``, the climatology forecaster (last)."""
+    names = [*forecasters, *([CLIMATOLOGY] if with_climatology else [])]
+    return {name: ForecastScores(n_leads, n_channels, latitudes) for name in names}
+
+
+def score_lead(
     scores: dict[str, ForecastScores],
     lead: int,
-    forecast: torch.Tensor,
-    initial: torch.Tensor,
+    forecasts: dict[str, torch.Tensor],
     truth: torch.Tensor,
     climatology: torch.Tensor | None,
 ) -> None:
-    """Score the model's ``forecast``, persistence (the ``initial`` states) and the climatology against ``truth``
-    at lead index ``lead``, the truth's anomaly computed once for the three."""
+    """Score each forecaster's (N, C, H, W) forecast of ``forecasts`` (the model's, persistence's: the initial
+    states) and, with a ``climatology``, the climatology itself against ``truth`` at lead index ``lead``, the
+    truth's anomaly computed once for all."""
     anomaly = truth - climatology if climatology is not None else None
-    scores[MODEL].add(lead, forecast, truth, climatology, anomaly)
-    scores[PERSISTENCE].add(lead, initial, truth, climatology, anomaly)
+    for name, forecast in forecasts.items():
+        scores[name].add(lead, forecast, truth, climatology, anomaly)
     if climatology is not None:
         scores[CLIMATOLOGY].add(lead, climatology.expand_as(truth), truth, climatology, anomaly)
 

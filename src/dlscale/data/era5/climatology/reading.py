@@ -29,9 +29,9 @@ import numpy as np
 
 from dlscale.data.era5.climatology.calendar import day_of_year, minutes_of_day
 from dlscale.data.era5.climatology.store_layout import DAY, HOUR, LATITUDE, LEVEL, LONGITUDE
+from dlscale.data.era5.grid_matching import TOLERANCE_DEGREES, coordinate_positions
 from dlscale.errors import ConfigError, DataError
 
-TOLERANCE_DEGREES = 1e-3
 CACHE_BYTES = 1 << 30
 _ZARR_MARKERS = (".zgroup", ".zmetadata", "zarr.json")
 _YEARS_IN_NAME = re.compile(r"(?<!\d)(\d{4})-(\d{4})(?!\d)")
@@ -207,13 +207,8 @@ def _positions(path: Path, dataset: Any, name: str, wanted: np.ndarray, wrap: bo
     if name not in dataset.coords:
         raise DataError(f"{path}: has no {name!r} coordinate; expected one to find the forecast's grid in")
     have = np.asarray(dataset[name].values, dtype=np.float64)
-    difference = wanted[:, None] - have[None, :]
-    if wrap:
-        difference = (difference + 180.0) % 360.0 - 180.0
-    nearest = np.abs(difference).argmin(axis=1)
-    off = np.abs(difference[np.arange(len(wanted)), nearest]) > TOLERANCE_DEGREES
-    if off.any():
-        at = int(np.argmax(off))
+    nearest, at = coordinate_positions(have, wanted, wrap)
+    if at is not None:
         raise DataError(
             f"{path}: has no {name} within {TOLERANCE_DEGREES:g} degrees of {wanted[at]:g} (the forecast grid's "
             f"{'row' if name == LATITUDE else 'column'} {at}); the store's {len(have)} {name}s run from "

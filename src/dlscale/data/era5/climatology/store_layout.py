@@ -30,7 +30,8 @@ import numpy as np
 
 from dlscale.data.era5.climatology.calendar import DAYS_OF_YEAR
 from dlscale.data.era5.importing.names import weatherbench2_name
-from dlscale.errors import ConfigError, DataError
+from dlscale.data.era5.optional_modules import require_era5_module
+from dlscale.errors import DataError
 
 CLIMATOLOGY_STORE = "climatology.zarr"  # under the data root's stats/
 CHUNK_BYTES = 1 << 20
@@ -84,13 +85,7 @@ def stored_years(path: Path) -> tuple[int, int] | None:
 
 def require_zarr(what: str) -> Any:
     """The zarr module, or one line saying how to install it."""
-    try:
-        import zarr
-    except ImportError:
-        raise ConfigError(
-            f"{what} needs zarr, which is not installed: pip install 'dlscale[era5]' (xarray, h5netcdf, zarr)"
-        ) from None
-    return zarr
+    return require_era5_module("zarr", what)
 
 
 class ClimatologyWriter:

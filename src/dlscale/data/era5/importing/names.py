@@ -77,6 +77,17 @@ def weatherbench2_name(channel: str) -> tuple[str, int | None] | None:
     return None
 
 
+def channel_of_field(variable: str, level: int | None) -> str | None:
+    """The reverse of :func:`weatherbench2_name`: the channel a forecast file's variable (at a pressure level in
+    hPa, or None) holds, in either naming scheme: ``("geopotential", 500)`` and ``("z", 500)`` -> ``z500``,
+    ``"2m_temperature"`` and ``"t2m"`` -> ``t2m``; a surface variable this table does not know keeps its own name
+    (as :func:`channel_request` takes it); None for a pressure-level variable it does not know."""
+    if level is None:
+        return next((channel for channel, names in SURFACE_VARIABLES.items() if variable in names), variable)
+    letter = next((key for key, names in PRESSURE_LEVEL_VARIABLES.items() if variable in names), None)
+    return None if letter is None else f"{letter}{int(level)}"
+
+
 def parse_channels(text: str | None) -> tuple[str, ...]:
     """The channel list of ``--channels`` (comma-separated), or the tutorial's 20 channels when None."""
     if text is None:

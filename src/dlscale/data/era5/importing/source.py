@@ -199,7 +199,7 @@ def open_source(source: str) -> ERA5Source:
             )
         return ERA5Source(source, "zarr", [(source, _open_zarr(xarray, source))])
     path = Path(source).expanduser()
-    if _is_zarr_store(path):
+    if is_zarr_store(path):
         return ERA5Source(str(path), "zarr", [(str(path), _open_zarr(xarray, str(path)))])
     files = _netcdf_files(source, path)
     datasets = []
@@ -223,7 +223,8 @@ def _open_zarr(xarray: Any, where: str) -> Any:
         raise DataError(f"{where}: cannot be opened as a zarr store with xarray: {exc}") from exc
 
 
-def _is_zarr_store(path: Path) -> bool:
+def is_zarr_store(path: Path) -> bool:
+    """Whether ``path`` is a zarr store's directory (a ``.zarr`` one, or one with zarr's metadata files)."""
     markers = (".zgroup", ".zmetadata", "zarr.json")
     return path.is_dir() and (path.suffix == ".zarr" or any((path / marker).exists() for marker in markers))
 
