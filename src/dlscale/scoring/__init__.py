@@ -14,6 +14,8 @@ Where each score is computed:
 * ``classification.py``: loss, top-1 accuracy, the confusion matrix, chance and the majority-class baseline.
 * ``forecast_scores.py``: WeatherBench2's latitude-weighted RMSE and ACC per lead and channel, as float64 sums
   per initial time.
+* ``ensemble_scores.py``: an ensemble's scores per lead and channel, WeatherBench2's: ensemble-mean RMSE, fair
+  CRPS, spread, spread/skill ratio (with the finite-ensemble factor) and the rank histogram.
 * ``climatologies.py``: the ACC's reference, a field per valid time (WeatherBench2's climatology by day of year
   and hour of day) or one mean field.
 * ``spectra.py``: WeatherBench2's zonal energy spectrum at mid-latitudes per lead and channel (the model's and the

@@ -56,9 +56,9 @@ class ForecastScores:
         precision (float32 for the model's), the sums over initial times in float64."""
         weights = self.weights.to(device=forecast.device, dtype=forecast.dtype)
         error = forecast - truth
-        mse = _weighted_grid_mean(error * error, weights)  # (N, C)
+        mse = weighted_grid_mean(error * error, weights)  # (N, C)
         self.mse_sum[lead] += mse.double().sum(dim=0).cpu().numpy()
-        self.error_sum[lead] += _weighted_grid_mean(error, weights).double().sum(dim=0).cpu().numpy()
+        self.error_sum[lead] += weighted_grid_mean(error, weights).double().sum(dim=0).cpu().numpy()
         self.count[lead] += forecast.shape[0]
         if climatology is not None:
             self.has_acc = True
@@ -94,14 +94,14 @@ def anomaly_correlation(
 ) -> torch.Tensor:
     """(N, C): the weighted, uncentred correlation over the grid of two (N, C, H, W) anomaly fields (``weights``:
     one per row); NaN where either has no anomaly at all."""
-    covariance = _weighted_grid_mean(forecast_anomaly * truth_anomaly, weights)
-    forecast_power = _weighted_grid_mean(forecast_anomaly * forecast_anomaly, weights)
-    truth_power = _weighted_grid_mean(truth_anomaly * truth_anomaly, weights)
+    covariance = weighted_grid_mean(forecast_anomaly * truth_anomaly, weights)
+    forecast_power = weighted_grid_mean(forecast_anomaly * forecast_anomaly, weights)
+    truth_power = weighted_grid_mean(truth_anomaly * truth_anomaly, weights)
     denominator = torch.sqrt(forecast_power * truth_power)
     return torch.where(denominator > 0, covariance / denominator, torch.full_like(covariance, float("nan")))
 
 
-def _weighted_grid_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def weighted_grid_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """(N, C): the mean over (H, W) of ``values`` with each row weighted (the mean over longitudes first: one
     multiplication per row, not per grid point)."""
     return (values.mean(dim=-1) * weights).mean(dim=-1)
