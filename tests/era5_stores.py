@@ -81,10 +81,16 @@ def _fields_by_variable(truth: dict[str, np.ndarray], names: str) -> dict[str, t
     return result
 
 
+# ``to_zarr`` keywords for zarr format 2, as ARCO-ERA5 and WeatherBench2 are, where this xarray can say so
+# (older ones, the floor 2024.1 among them, have no ``zarr_format`` and write format 2 with zarr 2 anyway).
+ZARR_FORMAT_2 = (
+    {"zarr_format": 2} if "zarr_format" in inspect.signature(xr.Dataset.to_zarr).parameters else {}
+)
+
+
 def _to_zarr(dataset: xr.Dataset, path: Path) -> Path:
-    """Zarr format 2, as ARCO-ERA5 and WeatherBench2 are, where this xarray can say so (older ones with zarr 2
-    write format 2 anyway), a chunk per time step."""
-    keywords = {"zarr_format": 2} if "zarr_format" in inspect.signature(xr.Dataset.to_zarr).parameters else {}
+    """Zarr format 2 (:data:`ZARR_FORMAT_2`), a chunk per time step."""
+    keywords = ZARR_FORMAT_2
     for variable in dataset.data_vars.values():  # one chunk per time step, as both stores are chunked
         variable.encoding["chunks"] = (1, *variable.shape[1:])
     dataset.to_zarr(path, mode="w", consolidated=True, **keywords)

@@ -12,6 +12,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from era5_stores import ZARR_FORMAT_2
 from run_configs import tiny_run_config
 
 import dlscale
@@ -105,7 +106,7 @@ def test_a_store_that_cannot_serve_the_forecast_is_one_line_and_nothing_is_writt
     other_grid = tmp_path / "other.zarr"
     with xarray.open_zarr(root / "stats" / "climatology.zarr") as store:
         store.assign_coords(latitude=store.latitude + 1.0).to_zarr(
-            other_grid, zarr_format=2, consolidated=True
+            other_grid, **ZARR_FORMAT_2, consolidated=True
         )
     (tmp_path / "plain").mkdir()
     for path, message in (

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from era5_stores import ZARR_FORMAT_2
 
 from dlscale.data.trajectories import ForecastStart
 from dlscale.errors import ConfigError, DataError
@@ -60,7 +61,7 @@ def write_store(path: Path, empty_days: tuple[int, ...] = ()) -> Path:
             "longitude": LONGITUDES,
         },
         attrs={"years": [1990, 2019], "window_days": 61, "days_without_data": list(empty_days)},
-    ).to_zarr(path, mode="w", zarr_format=2, consolidated=True)
+    ).to_zarr(path, mode="w", **ZARR_FORMAT_2, consolidated=True)
     return path
 
 

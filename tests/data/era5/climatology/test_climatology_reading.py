@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from era5_stores import ZARR_FORMAT_2
 
 from dlscale.data.era5.climatology.reading import ClimatologyStore
 from dlscale.errors import DataError
@@ -52,7 +53,7 @@ def write_weatherbench2_store(path: Path, days_without_data: tuple[int, ...] = (
             "longitude": LONGITUDES,
             "latitude": SOUTH_TO_NORTH,
         },
-    ).to_zarr(path, mode="w", zarr_format=2, consolidated=True)
+    ).to_zarr(path, mode="w", **ZARR_FORMAT_2, consolidated=True)
     return path
 
 
@@ -122,7 +123,7 @@ def test_a_path_that_is_not_a_climatology_store_is_one_line(tmp_path):
         with pytest.raises(DataError, match=message):
             open_store(path)
     no_hours = tmp_path / "no_hours.zarr"
-    xarray.Dataset({"t": (("dayofyear", "latitude"), np.zeros((2, 4)))}).to_zarr(no_hours, zarr_format=2)
+    xarray.Dataset({"t": (("dayofyear", "latitude"), np.zeros((2, 4)))}).to_zarr(no_hours, **ZARR_FORMAT_2)
     with pytest.raises(DataError, match="has no 'hour' dimension"):
         open_store(no_hours)
 
