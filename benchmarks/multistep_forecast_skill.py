@@ -197,42 +197,24 @@ def markdown(record: dict[str, Any]) -> str:
     climatology = record["runs"][labels[0]].get("climatology")
     if climatology:
         lines += [f"Climatology (ACC reference and baseline): {json.dumps(climatology)}", ""]
+    days = record["days"]
+    head = ["| run | " + " | ".join(f"{d:g} d" for d in days) + " |", "|---|" + "---|" * len(days)]
+
+    def row(label: str, cells_of: dict[str, Any], key: str) -> str:
+        return f"| {label} | " + " | ".join(_span(cells_of[str(d)][key]) for d in days) + " |"
+
     for name in record["channels"]:
         unit = record["units"].get(name, "")
-        lines += [
-            f"## {name} RMSE ({unit})",
-            "",
-            "| run | " + " | ".join(f"{d:g} d" for d in record["days"]) + " |",
-        ]
-        lines.append("|---|" + "---|" * len(record["days"]))
-        for label in labels:
-            cells = [_span(table[label]["model"][name][str(d)]["rmse"]) for d in record["days"]]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines += [f"## {name} RMSE ({unit})", "", *head]
+        lines += [row(label, table[label]["model"][name], "rmse") for label in labels]
         for forecaster in ("persistence", "climatology"):
             if forecaster in table[labels[0]]:
-                cells = [_span(table[labels[0]][forecaster][name][str(d)]["rmse"]) for d in record["days"]]
-                lines.append(f"| {forecaster} | " + " | ".join(cells) + " |")
-        lines += ["", f"{name}: RMSE minus the reference's, paired by block (below 0: better)", ""]
-        lines += [
-            "| run | " + " | ".join(f"{d:g} d" for d in record["days"]) + " |",
-            "|---|" + "---|" * len(record["days"]),
-        ]
-        for label in labels[1:]:
-            cells = [
-                _span(table[label]["model"][name][str(d)]["rmse_minus_reference"]) for d in record["days"]
-            ]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        if "acc" in table[labels[0]]["model"][name][str(record["days"][0])]:
-            lines += [
-                "",
-                f"{name} ACC",
-                "",
-                "| run | " + " | ".join(f"{d:g} d" for d in record["days"]) + " |",
-            ]
-            lines.append("|---|" + "---|" * len(record["days"]))
-            for label in labels:
-                cells = [_span(table[label]["model"][name][str(d)]["acc"]) for d in record["days"]]
-                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+                lines.append(row(forecaster, table[labels[0]][forecaster][name], "rmse"))
+        lines += ["", f"{name}: RMSE minus the reference's, paired by block (below 0: better)", "", *head]
+        lines += [row(label, table[label]["model"][name], "rmse_minus_reference") for label in labels[1:]]
+        if "acc" in table[labels[0]]["model"][name][str(days[0])]:
+            lines += ["", f"{name} ACC", "", *head]
+            lines += [row(label, table[label]["model"][name], "acc") for label in labels]
         lines.append("")
     if record.get("meaning"):
         lines += ["## What it means", "", record["meaning"], ""]
