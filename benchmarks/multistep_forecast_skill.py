@@ -172,7 +172,7 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _span(found: dict[str, float], digits: int = 3) -> str:
+def interval_text(found: dict[str, float], digits: int = 3) -> str:
     if not math.isfinite(found["low"]):
         return f"{found['mean']:.{digits}g}"
     return f"{found['mean']:.{digits}g} ({found['low']:.{digits}g} to {found['high']:.{digits}g})"
@@ -201,7 +201,7 @@ def markdown(record: dict[str, Any]) -> str:
     head = ["| run | " + " | ".join(f"{d:g} d" for d in days) + " |", "|---|" + "---|" * len(days)]
 
     def row(label: str, cells_of: dict[str, Any], key: str) -> str:
-        return f"| {label} | " + " | ".join(_span(cells_of[str(d)][key]) for d in days) + " |"
+        return f"| {label} | " + " | ".join(interval_text(cells_of[str(d)][key]) for d in days) + " |"
 
     for name in record["channels"]:
         unit = record["units"].get(name, "")
@@ -251,23 +251,28 @@ def plot(record: dict[str, Any], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def write_results(record: dict[str, Any], stem: Path) -> None:
+def write_results(record: dict[str, Any], stem: Path, markdown=markdown, plot=plot) -> None:
+    """The record as JSON, Markdown (``markdown(record)``) and PNG (``plot(record, path)``) beside ``stem``."""
     write_text_atomically(stem.with_suffix(".json"), json.dumps(record))
     write_text_atomically(stem.with_suffix(".md"), markdown(record))
     plot(record, stem.with_suffix(".png"))
     print(f"wrote {stem}.json, .md, .png")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def record_or_rewrite(args: argparse.Namespace, measure, name: str, markdown=markdown, plot=plot) -> int:
+    """Measure and write ``<date>-<device>-<name>.*``, or with ``--from-json`` write a record's Markdown and PNG
+    again."""
     if args.from_json is not None:
         record = json.loads(args.from_json.read_text())
-        write_results(record, args.from_json.with_suffix(""))
+        write_results(record, args.from_json.with_suffix(""), markdown, plot)
         return 0
     record = measure(args)
-    stem = args.out / f"{record['date'][:10]}-{record['device']}-multistep-forecast-skill"
-    write_results(record, stem)
+    write_results(record, args.out / f"{record['date'][:10]}-{record['device']}-{name}", markdown, plot)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return record_or_rewrite(parse_args(argv), measure, "multistep-forecast-skill")
 
 
 if __name__ == "__main__":

@@ -149,6 +149,8 @@ def forecast(
     overrides: Sequence[str] = (),
     names: str = "wb2",
     climatology: str | Path | None = None,
+    members: int = 1,
+    perturb: str | None = None,
 ) -> dict[str, Any]:
     """``dlscale forecast``: roll the checkpoint's model forward up to ``lead`` (``"10d"``, ``"36h"``) from the
     initial times ``init`` (``"every:12h"``, ``"every:4"`` model steps, or ``"2018-01-01T00,2018-02-01T12"``; at most
@@ -174,11 +176,21 @@ def forecast(
     WeatherBench2's published ones are read on the forecast's grid); ``"time-mean"``: the one mean field over the
     training years; None (the default): ERA5's ``data.climatology_path`` when it exists, else the mean field.
     ``doc["climatology"]`` says which was used (kind, path, years, window).
+
+    ``members=N`` (N >= 2) forecasts an ensemble: the control (the deterministic forecast, ``doc["scores"]["model"]``)
+    and N - 1 members that ``perturb`` makes differ, ``"gaussian:SCALE[:LENGTH_KM]"`` (initial-state noise of SCALE
+    standard deviations, correlated over LENGTH_KM, 500 by default) or ``"dropout"`` (the model's dropout on; see
+    :mod:`dlscale.scoring.perturbations`). ``doc["scores"]["ensemble"]`` is the ensemble mean's RMSE, bias and ACC,
+    ``doc["ensemble"]`` its CRPS, spread, spread/skill ratio and rank histograms per lead (see
+    :mod:`dlscale.report.ensemble_report`); ``batch_size`` still counts initial times (by default the run's batch
+    divided by N, so that as many samples go through the model at once as in training).
     """
     if isinstance(overrides, str):
         overrides = [overrides]
     chosen = str(climatology) if climatology is not None else None
-    options = ForecastOptions(split, lead, init, init_count, batch_size, write, names, chosen)
+    options = ForecastOptions(
+        split, lead, init, init_count, batch_size, write, names, chosen, members, perturb
+    )
     choice = str(checkpoint) if checkpoint is not None else None
     return forecast_checkpoint(run_dir_or_checkpoint, options, choice, overrides).document
 
@@ -198,7 +210,10 @@ def score(
     Returns the ``scores.json`` document, as :func:`forecast` does: one forecast is ``doc["scores"]["model"]``,
     each compared one ``doc["scores"][label]``, beside ``"persistence"`` (and ``"climatology"``); ``doc["common"]``
     says which initial times and leads were scored. Written to ``out`` (default: ``score-<name>`` beside the
-    forecast) in one piece. See :mod:`dlscale.run.score`.
+    forecast) in one piece. An ensemble (a ``number`` dimension) is scored alone, as :func:`forecast` scores
+    one: its control (number 0) is ``"model"``, the members' mean ``"ensemble"``, and ``doc["ensemble"]`` holds
+    the CRPS, spread, spread/skill and rank histograms; ``compare`` with an ensemble is refused. See
+    :mod:`dlscale.run.score`.
     """
     if isinstance(compare, (str, Path)):
         compare = [compare]

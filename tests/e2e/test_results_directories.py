@@ -52,6 +52,8 @@ def test_forecasts_of_other_options_keep_their_own_directories(era5_run):
         "write": None,
         "names": "wb2",
         "climatology": None,
+        "members": 1,
+        "perturb": None,
         "overrides": [],
     }
     progress = load_checkpoint(era5_run / "checkpoints" / "ckpt_latest.pt")["progress"]

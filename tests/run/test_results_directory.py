@@ -146,3 +146,18 @@ def test_a_named_climatology_has_a_part_of_its_own(tmp_path):
     one, other = named(str(tmp_path / "a.zarr")), named(str(tmp_path / "b.zarr"))
     assert one.startswith("test-ckpt_latest-clim-") and one != other and SAFE_NAME.match(one)
     assert named(str(tmp_path / "a.zarr")) == one  # the same store, the same directory
+
+
+@pytest.mark.parametrize(
+    ("members", "perturb", "part"),
+    [
+        (16, "gaussian:0.050", "ens16-gaussian0.05"),
+        (16, "gaussian:5e-2", "ens16-gaussian0.05"),
+        (4, "gaussian:0.1:250", "ens4-gaussian0.1-250km"),
+        (8, "dropout", "ens8-dropout"),
+    ],
+)
+def test_an_ensemble_names_its_members_and_perturbation_however_they_were_written(members, perturb, part):
+    parts = forecast_name_parts("10d", "every:12h", None, None, 6.0, None, members=members, perturb=perturb)
+    assert parts == [part]
+    assert forecast_name_parts("10d", "every:12h", None, None, 6.0, None) == []  # one member: no part

@@ -20,6 +20,8 @@ def run_forecast(args: argparse.Namespace) -> int:
         write=args.write,
         names=args.names or "wb2",
         climatology=args.climatology,
+        members=args.members,
+        perturb=args.perturb,
         checkpoint=args.checkpoint,
         overrides=args.set,
     )

@@ -207,6 +207,20 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
         "are read on the forecast's grid), or time-mean (one mean field over the training years). Default: "
         "data.climatology_path (stats/climatology.zarr) when it exists, else the time mean",
     )
+    parser.add_argument(
+        "--members",
+        type=int,
+        default=1,
+        metavar="N",
+        help="an ensemble of N members: the control (the deterministic forecast) and N - 1 that --perturb makes "
+        "differ; scored by CRPS, spread, spread/skill and rank histograms (default 1: deterministic)",
+    )
+    parser.add_argument(
+        "--perturb",
+        metavar="gaussian:SCALE[:LENGTH_KM]|dropout",
+        help="how an ensemble's members differ: initial-state noise of SCALE x each channel's standard deviation, "
+        "correlated over LENGTH_KM (default 500 km; 0: white noise), or the model's dropout kept on",
+    )
     add_trained_config_changes(parser, "data.root=/scratch/era5 or train.amp_mode=bf16")
 
 
@@ -246,7 +260,8 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="[LABEL=]PATH",
         help="more forecasts scored beside FORECAST on the initial times and leads all of them have: one "
-        "table (a forecaster per forecast in scores.csv) and one skill figure",
+        "table (a forecaster per forecast in scores.csv) and one skill figure (deterministic forecasts only: an "
+        "ensemble, with a number dimension, is scored alone)",
     )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from dlscale.checkpoint.trained_run import CHOICES, CONFIG_FILE, expects
 from dlscale.errors import CheckpointError, ConfigError
 from dlscale.run.durations import init_every_hours, parse_duration_hours, parse_init_date
+from dlscale.scoring.perturbation_spec import check_ensemble_options
 
 
 def check_checkpoint_target(target: str | Path, checkpoint: str | None, command: str) -> None:
@@ -62,6 +63,7 @@ def check_forecast_command(args: argparse.Namespace) -> None:
         raise ConfigError(f"--init-count {args.init_count}: expected a number of initial times >= 1")
     if args.batch_size is not None and args.batch_size < 1:
         raise ConfigError(f"--batch-size {args.batch_size}: expected a number of initial times >= 1")
+    check_ensemble_options(args.members, args.perturb)
     if args.names is not None and args.write is None:
         raise ConfigError(
             f"--names {args.names}: names the variables of the file --write writes; add --write netcdf or zarr"

@@ -6,6 +6,12 @@ Layout (WeatherBench2's forecast convention): dimensions ``time`` (the initial t
 prediction_timedelta=lead)`` lines up with the truth at ``t + lead``. Data without dates gets ``time`` as the
 position of each initial time in the split.
 
+An ensemble (``dlscale forecast --members M``) has WeatherBench2's ensemble dimension ``number`` (its evaluation's
+``--ensemble_dim`` default) between ``time`` and ``prediction_timedelta``, as its IFS ENS store orders them:
+``(time, number, prediction_timedelta, [level,] latitude, longitude)``. ``number`` runs 0 .. M - 1 and member 0
+is the control, the forecast from the unperturbed state (ECMWF's numbering: its control is number 0, and the IFS
+ENS store of WeatherBench2, which holds only the perturbed members, numbers them from 1).
+
 Variable names (``--names``):
 
 * ``wb2`` (the default): as WeatherBench2's and ARCO-ERA5's stores name them, where the data says how
@@ -38,6 +44,12 @@ NAMES = (
     "wb2",
     "short",
 )  # --names: WeatherBench2's variables (default), or one per channel named as the channel
+MEMBER = "number"  # WeatherBench2's ensemble dimension
+MEMBER_ATTRIBUTES = {
+    "long_name": "ensemble member",
+    "description": "member 0 is the control: the forecast from the unperturbed initial state, dlscale forecast's "
+    "deterministic forecast; the others start from perturbed states or run with the model's dropout on",
+}
 
 
 def require_xarray(what: str) -> Any:
@@ -66,10 +78,15 @@ def forecast_dataset(
     attributes: dict[str, Any],
     names: str = "wb2",
 ) -> Any:
-    """An xarray Dataset of ``forecasts`` (N initial times, leads 1..K, C, H, W) in the layout above, its
-    variables named as ``names`` says (``wb2`` or ``short``)."""
+    """An xarray Dataset of ``forecasts`` (N initial times, leads 1..K, C, H, W), or of an ensemble's (N, M
+    members, leads 1..K, C, H, W), in the layout above, its variables named as ``names`` says (``wb2`` or
+    ``short``)."""
     xarray = require_xarray("writing the forecast")
-    steps = forecasts.shape[1]
+    if forecasts.ndim not in (5, 6):
+        raise ValueError(
+            f"forecasts of shape {forecasts.shape}: expected (N, K, C, H, W), or (N, M, K, C, H, W) for an ensemble"
+        )
+    steps = forecasts.shape[-4]
     minutes = np.round(np.arange(1, steps + 1) * trajectories.step_hours * 60).astype(np.int64)
     leads = minutes.astype("timedelta64[m]").astype("timedelta64[ns]")
     if all(start.time is not None for start in starts):
@@ -86,11 +103,14 @@ def forecast_dataset(
             {"units": "degrees_east"},
         ),
     }
-    dims = ("time", "prediction_timedelta", "latitude", "longitude")
+    dims: tuple[str, ...] = ("time", "prediction_timedelta", "latitude", "longitude")
+    if forecasts.ndim == 6:
+        dims = ("time", MEMBER, *dims[1:])
+        coords[MEMBER] = (MEMBER, np.arange(forecasts.shape[1], dtype=np.int64), MEMBER_ATTRIBUTES)
     field_names = getattr(trajectories, "weatherbench2_names", None) if names == "wb2" else None
     if field_names is None:
         variables = {
-            name: (dims, forecasts[:, :, c], {"units": unit, "long_name": long_name})
+            name: (dims, forecasts[..., c, :, :], {"units": unit, "long_name": long_name})
             for c, (name, unit, long_name) in enumerate(
                 zip(trajectories.channel_names, trajectories.units, trajectories.long_names, strict=True)
             )
@@ -113,7 +133,8 @@ def _weatherbench2_variables(
     dims: tuple[str, ...],
 ) -> tuple[dict[str, Any], list[int]]:
     """The variables of the ``wb2`` layout (a surface field on ``dims``, a pressure-level one with ``level``
-    before the grid) and the ``level`` coordinate (ascending hPa; empty without pressure-level fields)."""
+    before the grid) and the ``level`` coordinate (ascending hPa; empty without pressure-level fields).
+    ``forecasts``: (..., C, H, W), the dimensions before the channels' those of ``dims`` before the grid's."""
     channels = trajectories.channel_names
     if len(field_names) != len(channels):
         raise DataError(
@@ -136,19 +157,19 @@ def _weatherbench2_variables(
         index[(variable, level)] = c
         on_levels[variable] = level is not None
     levels = sorted({level for _, level in index if level is not None})
-    n, steps, _, height, width = forecasts.shape
-    level_dims = (*dims[:2], "level", *dims[2:])
+    level_dims = (*dims[:-2], "level", *dims[-2:])
     variables: dict[str, Any] = {}
     for variable, levelled in on_levels.items():
         if not levelled:
             c = index[(variable, None)]
             attrs = {"units": trajectories.units[c], "long_name": trajectories.long_names[c]}
-            variables[variable] = (dims, forecasts[:, :, c], attrs)
+            variables[variable] = (dims, forecasts[..., c, :, :], attrs)
             continue
         per_level = {level: c for (name, level), c in index.items() if name == variable}  # channels' order
-        values = np.full((n, steps, len(levels), height, width), np.nan, dtype=forecasts.dtype)
+        shape = (*forecasts.shape[:-3], len(levels), *forecasts.shape[-2:])
+        values = np.full(shape, np.nan, dtype=forecasts.dtype)
         for level, c in per_level.items():
-            values[:, :, levels.index(level)] = forecasts[:, :, c]
+            values[..., levels.index(level), :, :] = forecasts[..., c, :, :]
         attrs = {
             "units": trajectories.units[next(iter(per_level.values()))],
             "long_name": variable.replace("_", " "),

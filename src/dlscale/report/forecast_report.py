@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from dlscale.data.trajectories import Trajectories
+from dlscale.report.ensemble_report import ENSEMBLE_COLUMNS, ensemble_cells, ensemble_entry, ensemble_lines
 from dlscale.report.forecast_figures import forecaster_styles, origin_text
 from dlscale.report.forecast_selection import headline_channels, lead_text, report_leads
 from dlscale.report.forecast_spectra import SPECTRA_CONVENTION, spectra_entry
@@ -106,6 +107,9 @@ def forecast_document(
         ),
         "conventions": CONVENTIONS,
     }
+    ensemble = ensemble_entry(rollout.ensemble, names, step_hours, rollout.steps)
+    if ensemble is not None:
+        document["ensemble"] = ensemble
     return document
 
 
@@ -128,16 +132,21 @@ def headline_rows(
 
 def scores_csv(document: dict[str, Any]) -> str:
     """``forecaster,channel,lead_hours,rmse,acc,bias,unit,climatology`` rows, every lead of every channel (the
-    last column: what the ACC and the climatology forecaster were scored against, :func:`climatology_label`)."""
+    climatology column: what the ACC and the climatology forecaster were scored against,
+    :func:`climatology_label`); an ensemble's has ``crps,spread,spread_skill`` after them
+    (:mod:`dlscale.report.ensemble_report`)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(("forecaster", "channel", "lead_hours", "rmse", "acc", "bias", "unit", "climatology"))
+    extra = ENSEMBLE_COLUMNS if document.get("ensemble") is not None else ()
+    writer.writerow(
+        ("forecaster", "channel", "lead_hours", "rmse", "acc", "bias", "unit", "climatology", *extra)
+    )
     reference = climatology_label(document.get("climatology"))
     for forecaster, entry in document["scores"].items():
         for name in document["channels"]:
             accs = entry["acc"][name] if entry["acc"] is not None else [None] * len(document["lead_hours"])
             columns = zip(document["lead_hours"], entry["rmse"][name], accs, entry["bias"][name], strict=True)
-            for hours, rmse, acc, bias in columns:
+            for lead, (hours, rmse, acc, bias) in enumerate(columns):
                 writer.writerow(
                     (
                         forecaster,
@@ -148,6 +157,7 @@ def scores_csv(document: dict[str, Any]) -> str:
                         _cell(bias),
                         document["units"][name],
                         reference,
+                        *(_cell(value) for value in ensemble_cells(document, forecaster, name, lead)),
                     )
                 )
     return out.getvalue()
@@ -372,6 +382,11 @@ def log_forecast(document: dict[str, Any], written: Sequence[Any]) -> None:
         )
     if document.get("headline_note"):
         log.info("  (the table shows %s)", document["headline_note"])
+    ensemble = document.get("ensemble")
+    if ensemble is not None:
+        log.info("Ensemble of %d members (%s):", ensemble["members"], ensemble["perturbation"])
+        for line in ensemble_lines(document):
+            log.info("  %s", line)
     if document["nonfinite_from_lead_hours"] is not None:
         log.warning(
             "The model's forecast holds NaN or infinite values from lead %g h on: its scores from there are NaN",

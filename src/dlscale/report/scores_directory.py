@@ -10,6 +10,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from dlscale.report.ensemble_figures import ensemble_figures
 from dlscale.report.figures import save_png
 from dlscale.report.forecast_figures import BIAS_FIGURE, SPECTRA_FIGURE, bias_figure, spectra_figure
 from dlscale.report.forecast_report import SCORES_CSV, SCORES_JSON, SKILL_FIGURE, scores_csv, skill_figure
@@ -18,12 +19,13 @@ from dlscale.runtime.strict_json import to_json
 
 
 def score_figures(document: dict[str, Any]) -> dict[str, Figure]:
-    """File name -> figure: the skill and the bias against lead, and the spectra where the document has them (a
-    grid with mid-latitude rows)."""
+    """File name -> figure: the skill and the bias against lead, the spectra where the document has them (a
+    grid with mid-latitude rows) and an ensemble's figures where it has an ``ensemble`` entry."""
     figures = {SKILL_FIGURE: skill_figure(document), BIAS_FIGURE: bias_figure(document)}
     spectra = spectra_figure(document)
     if spectra is not None:
         figures[SPECTRA_FIGURE] = spectra
+    figures.update(ensemble_figures(document))
     return figures
 
 

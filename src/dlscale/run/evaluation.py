@@ -12,7 +12,6 @@ every rank returns the same document.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from dlscale.data.dataset_description import describe_dataset
 from dlscale.data.loading.pipeline import build_batch_source
 from dlscale.data.loading.sampler import EvaluationSampler
 from dlscale.data.values.finite_check import FiniteCheckedBatches
-from dlscale.errors import CheckpointError, DlscaleError
+from dlscale.errors import CheckpointError
 from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum
 from dlscale.report.evaluation_report import (
     METRICS_JSON,
@@ -43,13 +42,11 @@ from dlscale.report.evaluation_report import (
 from dlscale.report.progress_display import PassProgress
 from dlscale.report.run_dir import early_logging
 from dlscale.run.assembly import batch_sizes, errors_naming_the_config
-from dlscale.run.process_group import distributed_run
+from dlscale.run.process_group import distributed_run, written_on_rank_0
 from dlscale.run.results_directory import override_name_part, replacement_notice, results_directory_name
 from dlscale.runtime.device import Device
-from dlscale.runtime.distributed import share_from_main, share_text_from_main
 from dlscale.runtime.launch import ProcessInfo, detect_process
 from dlscale.runtime.rng import seed_everything
-from dlscale.runtime.strict_json import to_json
 from dlscale.scoring.evaluator import evaluate
 from dlscale.training.precision import Precision
 from dlscale.version import __version__
@@ -207,24 +204,15 @@ def _evaluate_on_this_rank(evaluation: Evaluation, process: ProcessInfo, device:
         "options": {"split": split, "overrides": list(evaluation.overrides)},
         "output_dir": str(evaluation.output_dir),
     }
-    document, problem = evaluation_document(validation, identity), None
-    if process.is_main:
-        try:
-            title = f"{split} split, {evaluation.source.name}"
-            written = write_evaluation(evaluation.output_dir, document, validation, title)
-            log_evaluation(document, validation, written)
-        except DlscaleError as exc:
-            problem = exc
-        except Exception as exc:
-            # The other ranks wait for rank 0's word: they end with a line, and rank 0 with its traceback.
-            share_from_main(DlscaleError(f"rank 0 could not write the evaluation: {exc}"), device)
-            raise
-    problem = share_from_main(problem, device)
-    if problem is not None:
-        raise problem
-    # Rank 0's document (with the files it wrote), as strict JSON reads it back (NaN is None), on every rank.
-    shared = share_text_from_main(to_json(document) if process.is_main else None, device)
-    return json.loads(shared) if shared is not None else document
+    document = evaluation_document(validation, identity)
+
+    def write() -> None:
+        title = f"{split} split, {evaluation.source.name}"
+        written = write_evaluation(evaluation.output_dir, document, validation, title)
+        log_evaluation(document, validation, written)
+
+    # Rank 0's document (with the files it wrote) on every rank.
+    return written_on_rank_0(process, device, document, write, "evaluation")
 
 
 def _position(progress: dict[str, Any]) -> str:

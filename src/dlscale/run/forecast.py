@@ -10,14 +10,14 @@ the climatology at every valid time); rank 0 of one process writes ``forecast/<s
 the end, in one piece (see :mod:`dlscale.report.forecast_report`; the name has a part per option that differs
 from its default, see :mod:`dlscale.run.results_directory`).
 
-One process: the rollouts of a tutorial-sized model are cheap next to its training (see
-``benchmarks/forecast_throughput.py``); initial times are the natural unit to share among ranks when a model
-needs more, which is left for when one does.
+Under ``torchrun`` (or srun) the ranks share the initial times, each a contiguous run of them with the whole
+model, and add up their running sums at the end (:mod:`dlscale.scoring.rollout_ranks`): the scores are one
+process's, up to the order of float64 additions, and an ensemble's perturbations are too, being drawn per
+initial time. The forecasts kept for ``--write`` are gathered on rank 0, which writes.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -55,12 +55,21 @@ from dlscale.report.scores_directory import score_figures, write_scores_director
 from dlscale.run.evaluation import Evaluation, prepare
 from dlscale.run.forecast_climatology import choose_climatology
 from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD, choose_starts, format_hours, lead_steps
+from dlscale.run.process_group import distributed_run, written_on_rank_0
 from dlscale.run.results_directory import forecast_name_parts, replacement_notice, results_directory_name
 from dlscale.runtime.device import Device
-from dlscale.runtime.launch import detect_process
+from dlscale.runtime.distributed import (
+    gather_rows_to_main,
+    is_distributed,
+    min_across_ranks,
+    sum_across_ranks_,
+)
+from dlscale.runtime.launch import ProcessInfo, detect_process
 from dlscale.runtime.rng import seed_everything
-from dlscale.runtime.strict_json import to_json
+from dlscale.scoring.perturbation_spec import check_ensemble_options
+from dlscale.scoring.perturbations import ensemble_members
 from dlscale.scoring.rollout import Rollout, roll_out
+from dlscale.scoring.rollout_ranks import sum_rollout_across_ranks
 from dlscale.training.precision import Precision
 from dlscale.version import __version__
 
@@ -85,6 +94,8 @@ class ForecastOptions:
     # the ACC's reference: a climatology store's path, "time-mean", or None (the data's store, else the time
     # mean; see dlscale.run.forecast_climatology)
     climatology: str | None = None
+    members: int = 1  # an ensemble's members, the control (the deterministic forecast) included
+    perturb: str | None = None  # how the members differ: gaussian:SCALE[:LENGTH_KM] or dropout
 
 
 @dataclass
@@ -108,18 +119,20 @@ def forecast_checkpoint(
     :func:`dlscale.checkpoint.selection.choose_checkpoint`); bad input raises a DlscaleError before anything is
     written."""
     process = detect_process()
-    if process.world_size > 1:
-        raise ConfigError(
-            f"dlscale forecast runs in one process ({process.world_size} were launched): start it without torchrun"
-        )
     with early_logging(process.is_main):
         evaluation = prepare(
             Path(target).expanduser(), options.split, checkpoint, tuple(overrides), "forecast"
         )
-        return _forecast(evaluation, options, Device.select(process.local_rank))
+        device = Device.select(process.local_rank)
+        with distributed_run(process, device, evaluation.config.parallel.timeout_s) as ending:
+            result = _forecast(evaluation, options, device, process)
+            ending.alike = True
+            return result
 
 
-def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) -> ForecastResult:
+def _forecast(
+    evaluation: Evaluation, options: ForecastOptions, device: Device, process: ProcessInfo
+) -> ForecastResult:
     cfg, workload = evaluation.config, evaluation.workload
     if options.write is not None:
         check_writable_format(options.write)
@@ -127,6 +140,7 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
         raise ConfigError(f"--names {options.names!r}: expected one of {', '.join(NAMES)}")
     if options.batch_size is not None and options.batch_size < 1:
         raise ConfigError(f"--batch-size {options.batch_size}: expected a number of initial times >= 1")
+    perturbation = check_ensemble_options(options.members, options.perturb)
     if options.split == "train":
         # A workload's forecast_data also gives the training split, which multi-step training reads.
         raise DataError(
@@ -152,7 +166,7 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
     counted = options.init_count if len(starts) < len(choose(None, where)) else None
     output_dir = _output_dir(evaluation, options, counted, trajectories.step_hours)
     if options.write is not None:
-        _check_memory_for_forecasts(len(starts), steps, trajectories)
+        _check_memory_for_forecasts(len(starts) * options.members, steps, trajectories)
     climatology = choose_climatology(options.climatology, trajectories, starts, steps)
 
     device.configure(cfg.train.deterministic, tf32=cfg.train.tf32)
@@ -161,7 +175,13 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
     checkpoint = evaluation.source.checkpoint
     load_model_state(model, local_model_state(model, evaluation.payload["model"]), str(checkpoint))
     predict = Precision(cfg.train.amp_mode, device).wrap_inference(model)
-    batch_size = options.batch_size or cfg.train.global_batch_size
+    members = None
+    if perturbation is not None:
+        latitudes, longitudes = trajectories.latitudes, trajectories.longitudes
+        seed = cfg.train.seed
+        members = ensemble_members(perturbation, options.members, latitudes, longitudes, model, predict, seed)
+    # An ensemble's members go through the model together: by default as many samples as the run's batch.
+    batch_size = options.batch_size or max(1, cfg.train.global_batch_size // options.members)
     map_leads = report_leads(MAP_DAYS, trajectories.step_hours, steps)
     log.info(
         "Forecasting with %s: %s; %d initial times (%s .. %s), leads up to %s (%d steps), batches of %d, on %s",
@@ -175,23 +195,37 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
         batch_size,
         device.name,
     )
+    if members is not None:
+        log.info(
+            "Ensemble of %d members: the control and %d with %s",
+            members.count,
+            members.count - 1,
+            members.description,
+        )
     notice = replacement_notice(output_dir, SCORES_JSON, "forecast")
     if notice is not None:
         log.info("%s", notice)
     progress = cfg.log.progress, cfg.log.progress_interval_s
+    # Ranks share the initial times in contiguous runs (rank 0 the first, whose rollout the maps show).
+    counts = _shares(len(starts), process.world_size)
+    first = sum(counts[: process.rank])
     rollout = roll_out(
         predict,
         trajectories,
-        starts,
+        starts[first : first + counts[process.rank]],
         steps,
         batch_size,
         device.torch,
         synchronize=device.synchronize,
         keep_forecasts=options.write is not None,
-        map_leads=map_leads,
-        show_progress=lambda batches: PassProgress(batches, f"{options.split} rollouts", *progress),
+        map_leads=map_leads if process.is_main else (),
+        show_progress=(lambda batches: PassProgress(batches, f"{options.split} rollouts", *progress))
+        if process.is_main
+        else iter,
         climatology=climatology,
+        members=members,
     )
+    _add_up_ranks(rollout, counts, device)
     identity = {
         "split": options.split,
         "checkpoint": str(checkpoint),
@@ -208,6 +242,8 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
         "init": options.init,
         "init_count": options.init_count,
         "batch_size": batch_size,
+        "members": options.members,
+        "world_size": process.world_size,
         "amp_mode": cfg.train.amp_mode,
         "device": device.name,
         "dlscale_version": __version__,
@@ -217,10 +253,33 @@ def _forecast(evaluation: Evaluation, options: ForecastOptions, device: Device) 
         "output_dir": str(output_dir),
     }
     document = forecast_document(rollout, trajectories, identity, [start.describe() for start in starts])
-    written = _write(output_dir, document, rollout, trajectories, starts, options.write, options.names)
-    log_forecast(document, written)
-    # The document as strict JSON reads it back (NaN is None), as scores.json holds it.
-    return ForecastResult(json.loads(to_json(document)), rollout, starts, output_dir)
+
+    def write() -> None:
+        written = _write(output_dir, document, rollout, trajectories, starts, options.write, options.names)
+        log_forecast(document, written)
+
+    # Rank 0's document (with the files it wrote) on every rank.
+    shared = written_on_rank_0(process, device, document, write, "forecast")
+    return ForecastResult(shared, rollout, starts, output_dir)
+
+
+def _shares(count: int, ranks: int) -> list[int]:
+    """How many of ``count`` initial times each of ``ranks`` rolls out: as even as can be, the larger shares first
+    (a rank may have none when there are fewer initial times than ranks)."""
+    base, extra = divmod(count, ranks)
+    return [base + (rank < extra) for rank in range(ranks)]
+
+
+def _add_up_ranks(rollout: Rollout, counts: list[int], device: Device) -> None:
+    """Every rank's sums added up, the slowest rank's seconds, and the forecasts kept for --write gathered on
+    rank 0 (nothing to do in one process)."""
+    if not is_distributed():
+        return
+    sum_rollout_across_ranks(rollout, sum_across_ranks_, device.torch)
+    rollout.model_seconds = -min_across_ranks(-rollout.model_seconds, device)
+    rollout.seconds = -min_across_ranks(-rollout.seconds, device)
+    if rollout.forecasts is not None:
+        rollout.forecasts = gather_rows_to_main(rollout.forecasts, counts, device)
 
 
 def _output_dir(
@@ -236,6 +295,8 @@ def _output_dir(
         evaluation.override_part,
         options.names,
         options.climatology,
+        options.members,
+        options.perturb,
     )
     name = results_directory_name(options.split, evaluation.source.name, parts)
     return evaluation.source.output_dir / FORECAST_DIR / name
@@ -274,6 +335,8 @@ def _write(
             attributes = {
                 key: document[key] for key in ("workload", "checkpoint", "split", "dlscale_version")
             }
+            if "ensemble" in document:  # how the members of the number dimension differ
+                attributes["ensemble_perturbation"] = document["ensemble"]["perturbation"]
             dataset = forecast_dataset(rollout.forecasts, starts, trajectories, attributes, names)
             write_forecast_file(dataset, path, fmt)
 

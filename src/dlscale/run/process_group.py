@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from dlscale.errors import DlscaleError
 from dlscale.runtime.device import Device
 from dlscale.runtime.distributed import (
     collective_failure_line,
     process_group_running,
+    share_from_main,
+    share_text_from_main,
     start_process_group,
     stop_process_group,
 )
 from dlscale.runtime.launch import ProcessInfo
+from dlscale.runtime.strict_json import to_json
 
 
 @dataclass
@@ -54,3 +59,26 @@ def distributed_run(process: ProcessInfo, device: Device, timeout_s: float) -> I
     finally:
         if owner:
             stop_process_group(wait_for_others=ending.alike)
+
+
+def written_on_rank_0(
+    process: ProcessInfo, device: Device, document: dict[str, Any], write: Callable[[], None], what: str
+) -> dict[str, Any]:
+    """Rank 0 runs ``write`` (the files of ``document``, which it may complete); a user's error there
+    (a DlscaleError) is raised on every rank, any other ends the other ranks with a line naming ``what`` and rank 0
+    with its traceback. Rank 0's document, as strict JSON reads it back (NaN is None), on every rank."""
+    problem = None
+    if process.is_main:
+        try:
+            write()
+        except DlscaleError as exc:
+            problem = exc
+        except Exception as exc:
+            # The other ranks wait for rank 0's word: they end with a line, and rank 0 with its traceback.
+            share_from_main(DlscaleError(f"rank 0 could not write the {what}: {exc}"), device)
+            raise
+    problem = share_from_main(problem, device)
+    if problem is not None:
+        raise problem
+    shared = share_text_from_main(to_json(document) if process.is_main else None, device)
+    return json.loads(shared if shared is not None else to_json(document))

@@ -33,6 +33,7 @@ from pathlib import Path
 from dlscale.run.durations import init_every_hours, parse_duration_hours, parse_init_date
 from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD
 from dlscale.runtime.strict_json import to_json
+from dlscale.scoring.perturbation_spec import GAUSSIAN, parse_perturbation
 
 # Sections whose keys change how the work is laid out or read, never the numbers.
 LAYOUT_SECTIONS = frozenset({"parallel", "loader"})
@@ -53,6 +54,8 @@ def forecast_name_parts(
     override_part: str | None,
     names: str = "wb2",
     climatology: str | None = None,
+    members: int = 1,
+    perturb: str | None = None,
 ) -> list[str]:
     """The parts of a forecast's directory name for options that differ from the defaults. ``lead`` and
     ``init`` have been checked (by :mod:`dlscale.run.forecast_times`); ``effective_init_count`` is None when
@@ -70,9 +73,22 @@ def forecast_name_parts(
         parts.append(write if names == "wb2" else f"{write}-{names}")  # names change only a written file
     if climatology is not None:
         parts.append(_climatology_label(climatology))
+    if members > 1:
+        parts.append(_ensemble_label(members, perturb))
     if override_part is not None:
         parts.append(override_part)
     return parts
+
+
+def _ensemble_label(members: int, perturb: str | None) -> str:
+    """``ens16-gaussian0.05`` (``--members 16 --perturb gaussian:0.05``), ``ens8-gaussian0.1-250km``,
+    ``ens8-dropout``: the perturbation as it was written, checked (dlscale.scoring.perturbation_spec), spelled
+    alike however it was written (``gaussian:0.050`` and ``gaussian:5e-2`` name one directory)."""
+    spec = parse_perturbation(perturb or "")
+    if spec.kind != GAUSSIAN:
+        return f"ens{members}-{spec.kind}"
+    length = f"-{spec.length_km:g}km" if spec.length_km is not None else ""
+    return f"ens{members}-gaussian{spec.scale:g}{length}"
 
 
 def _climatology_label(climatology: str) -> str:

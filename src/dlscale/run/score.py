@@ -23,6 +23,16 @@ few fields of each forecast and of the truth, never a whole forecast. The scores
 :func:`~dlscale.report.forecast_report.forecast_document`'s, the directory written in one piece
 (:mod:`dlscale.report.scores_directory`). One forecast is the forecaster ``model`` (its document reads as a
 forecast's); a comparison names each forecast by its label.
+
+An ensemble (a ``number`` dimension: ``dlscale forecast --members``, WeatherBench2's IFS ENS) is scored as
+``dlscale forecast`` scores its own, through :func:`~dlscale.scoring.rollout.score_members`: its first member
+(number 0, the control; see :mod:`dlscale.data.era5.forecast_reading` for a file without one) is ``model``, the
+members' mean ``ensemble``, and the document's ``ensemble`` entry holds the CRPS, spread, spread/skill and rank
+histograms (:mod:`dlscale.report.ensemble_report`); the spectra are the first member's. A few initial times with
+all their members are read at a time (:data:`BATCH_INITIAL_TIMES` divided by the members, at least one). An
+ensemble is scored alone: ``--compare`` with one is refused, as a comparison's document has one forecaster per
+forecast and no room for several ensembles' CRPS and rank histograms, and scoring each by its mean alone would
+hide what makes it an ensemble.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlscale.data.era5.forecast_reading import ForecastFile
+from dlscale.data.era5.forecast_reading import MEMBER, ForecastFile
 from dlscale.data.era5.grid_matching import coordinate_positions
 from dlscale.data.era5.importing.names import weatherbench2_name
 from dlscale.data.era5.truth_reading import TruthStore
@@ -53,13 +63,23 @@ from dlscale.run.forecast_climatology import choose_climatology
 from dlscale.run.score_inputs import NamedForecast, check_score_inputs
 from dlscale.runtime.strict_json import to_json
 from dlscale.scoring.climatologies import Climatology
-from dlscale.scoring.rollout import MODEL, PERSISTENCE, Rollout, forecaster_scores, score_lead
+from dlscale.scoring.ensemble_scores import EnsembleScores
+from dlscale.scoring.rollout import (
+    ENSEMBLE,
+    MODEL,
+    PERSISTENCE,
+    EnsembleRollout,
+    Rollout,
+    forecaster_scores,
+    score_lead,
+    score_members,
+)
 from dlscale.scoring.spectra import ZonalSpectra
 from dlscale.version import __version__
 
 log = logging.getLogger("dlscale.train")
 
-BATCH_INITIAL_TIMES = 4  # initial times read and scored together
+BATCH_INITIAL_TIMES = 4  # initial times read and scored together (an ensemble's: divided by its members)
 MINUTE = np.timedelta64(1, "m")
 
 
@@ -123,6 +143,7 @@ def score_forecasts(
         try:
             for forecast in named:
                 files.append(ForecastFile(forecast.path))
+            _check_no_ensemble_compared(named, files)
             channels = _common_channels(named, files)
             store = TruthStore.open(str(truth), channels, files[0].latitudes, files[0].longitudes)
             return _score(named, files, store, str(truth), chosen, directory)
@@ -175,6 +196,10 @@ def _score(
         lead_text(steps * step_hours),
         "" if lined.persistence else "; no persistence: the truth lacks some initial times",
     )
+    if first.members is not None:
+        log.info(
+            "An ensemble of %d members; %s is scored alone as %r", first.member_count, first.control, MODEL
+        )
     rollout = _rollout(files, store, lined, grid, starts, labels, climatology, single)
     rollout.seconds = time.perf_counter() - began
     identity = _identity(named, files, store, truth, climatology, lined, labels, directory)
@@ -200,19 +225,22 @@ def _rollout(
     single: bool,
 ) -> Rollout:
     """Every forecast's scores (and one forecast's spectra) over the common initial times and leads, as a
-    :class:`Rollout` (no model ran: its seconds are 0)."""
+    :class:`Rollout` (no model ran: its seconds are 0); one ensemble's with its :class:`EnsembleRollout`."""
     channels = grid.channel_names
     n_leads = int(lined.leads[-1] // lined.step) + 1
     baselines = [PERSISTENCE] if lined.persistence else []
+    ensemble = _ensemble_rollout(files[0], n_leads, len(channels), grid.latitudes) if single else None
+    members = [ENSEMBLE] if ensemble is not None else []
     scores = forecaster_scores(
-        [*labels, *baselines], n_leads, len(channels), grid.latitudes, climatology is not None
+        [*labels, *members, *baselines], n_leads, len(channels), grid.latitudes, climatology is not None
     )
     spectra = (
         ZonalSpectra.for_grid(n_leads, len(channels), grid.latitudes, grid.longitudes) if single else None
     )
     first_nonfinite: int | None = None
-    for at in range(0, len(lined.times), BATCH_INITIAL_TIMES):
-        batch = np.arange(at, min(at + BATCH_INITIAL_TIMES, len(lined.times)))
+    per_batch = max(1, BATCH_INITIAL_TIMES // files[0].member_count)
+    for at in range(0, len(lined.times), per_batch):
+        batch = np.arange(at, min(at + per_batch, len(lined.times)))
         times = lined.times[batch]
         initial = torch.from_numpy(store.read(times)) if lined.persistence else None
         for position, lead in enumerate(lined.leads):
@@ -230,15 +258,52 @@ def _rollout(
                 )
                 for f, (label, file) in enumerate(zip(labels, files, strict=True))
             }
+            # one forecast's every value: the model's (N, C, H, W), or an ensemble's members (N, M, C, H, W)
+            own = forecasts[MODEL] if single else None
+            if ensemble is not None and own is not None:
+                forecasts[ENSEMBLE] = score_members(ensemble, index, own, truth)
+                forecasts[MODEL] = own[:, 0]
             if initial is not None:
                 forecasts[PERSISTENCE] = initial
             reference = climatology.fields([starts[i] for i in batch], index) if climatology else None
             score_lead(scores, index, forecasts, truth, reference)
             if spectra is not None:
                 spectra.add(index, forecasts[MODEL], truth)
-            if single and first_nonfinite is None and not bool(torch.isfinite(forecasts[MODEL]).all()):
+            if own is not None and first_nonfinite is None and not bool(torch.isfinite(own).all()):
                 first_nonfinite = index
-    return Rollout(scores, n_leads - 1, 0.0, 0.0, None, None, first_nonfinite, spectra)
+    return Rollout(scores, n_leads - 1, 0.0, 0.0, None, None, first_nonfinite, spectra, ensemble)
+
+
+def _ensemble_rollout(
+    file: ForecastFile, n_leads: int, n_channels: int, latitudes: np.ndarray
+) -> EnsembleRollout | None:
+    """Empty ensemble sums for ``file``'s members and its first member alone; None for a deterministic file."""
+    if file.members is None:
+        return None
+    numbers = f"{file.members[0]}" if file.member_count == 1 else f"{file.members[0]} .. {file.members[-1]}"
+    description = (
+        f"the members of {file.path.name}, numbered {numbers}; {file.control} is scored as {MODEL!r}"
+    )
+    if file.perturbation:
+        description = f"{file.perturbation}; {description}"
+    return EnsembleRollout(
+        EnsembleScores(n_leads, n_channels, file.member_count, latitudes),
+        EnsembleScores(n_leads, n_channels, 1, latitudes),
+        description,
+    )
+
+
+def _check_no_ensemble_compared(named: list[NamedForecast], files: list[ForecastFile]) -> None:
+    """An ensemble is scored alone (the module's docstring says why)."""
+    if len(files) < 2:
+        return
+    for forecast, file in zip(named, files, strict=True):
+        if file.members is not None:
+            raise DataError(
+                f"{forecast.path}: is an ensemble of {file.member_count} members (a {MEMBER!r} dimension), and "
+                "dlscale score compares deterministic forecasts only; score each ensemble alone, or compare "
+                f"its mean (xarray: forecast.mean({MEMBER!r}))"
+            )
 
 
 def _common_channels(named: list[NamedForecast], files: list[ForecastFile]) -> list[str]:
@@ -335,6 +400,11 @@ def _identity(
             "lead_count": len(file.leads),
             "channels": list(file.channel_names),
             "left_out": file.left_out,
+            **(
+                {"members": file.member_count, "scored_as_model": file.control}
+                if file.members is not None
+                else {}
+            ),
         }
         for forecast, file, label in zip(named, files, labels, strict=True)
     ]

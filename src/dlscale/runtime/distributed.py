@@ -167,6 +167,33 @@ def sum_across_ranks_(tensor: torch.Tensor, group: Any = None) -> None:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
 
 
+def gather_rows_to_main(rows: Any, counts: list[int], device: Device) -> Any:
+    """Every rank's ``rows`` (a numpy array, ``counts[rank]`` rows along its first dimension, the other
+    dimensions alike on every rank) concatenated in rank order on rank 0; None on the other ranks. Row by row
+    through the device (NCCL sends device tensors), so no rank holds more than its own rows and one more."""
+    if not is_distributed():
+        return rows
+    import numpy as np
+
+    rank, target = dist.get_rank(), device.torch
+    if rank != 0:
+        with _entered("send (rows to rank 0)"):
+            for row in rows:
+                dist.send(torch.from_numpy(np.ascontiguousarray(row)).to(target), dst=0)
+        return None
+    gathered = np.empty((sum(counts), *rows.shape[1:]), dtype=rows.dtype)
+    gathered[: counts[0]] = rows
+    at = counts[0]
+    buffer = torch.empty(rows.shape[1:], dtype=torch.from_numpy(rows[:0]).dtype, device=target)
+    with _entered("recv (rows from the other ranks)"):
+        for source in range(1, len(counts)):
+            for _ in range(counts[source]):
+                dist.recv(buffer, src=source)
+                gathered[at] = buffer.cpu().numpy()
+                at += 1
+    return gathered
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()

@@ -21,7 +21,10 @@ Where each score is computed:
 * ``spectra.py``: WeatherBench2's zonal energy spectrum at mid-latitudes per lead and channel (the model's and the
   truth's, as float64 sums per initial time) and the small-scale energy ratio: how much a forecast blurs.
 * ``rollout.py``: autoregressive rollouts through a workload's trajectories, scored for the model, persistence
-  and the climatology at every lead.
+  and the climatology at every lead, and an ensemble's members beside its control.
+* ``perturbation_spec.py`` and ``perturbations.py``: what makes an ensemble's members differ (``--perturb``):
+  Gaussian initial-state noise correlated over a length in km, or the model's dropout kept on.
+* ``rollout_ranks.py``: a rollout's sums added up over the ranks that shared its initial times.
 
 What stays with a workload (``dlscale.workloads``) is what is its own: which channels and units it reports, which
 baseline it is compared with (persistence for ERA5, the mean density for the cosmology cubes), its headline and

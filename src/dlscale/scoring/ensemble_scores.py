@@ -81,18 +81,25 @@ class EnsembleScores:
         ensemble_mean = members.mean(dim=1)
         error = ensemble_mean - truth
         self.mean_mse_sum[lead] += _per_time_sum(weighted_grid_mean(error * error, weights))
-        self.crps_sum[lead] += _per_time_sum(weighted_grid_mean(fair_crps(members, truth), weights))
+        # The members sorted once serve the CRPS's spread term, the variance and the ranks (the scores cost about
+        # as much as the model's step on a CPU). Subtracting the mean keeps their order (rounding is monotonic).
+        ordered = torch.sort(members, dim=1).values
+        centred = ordered - ensemble_mean.unsqueeze(1)
+        crps = fair_crps(members, truth, centred)
+        self.crps_sum[lead] += _per_time_sum(weighted_grid_mean(crps, weights))
         if self.n_members > 1:
-            variance = members.var(dim=1, unbiased=True)
+            variance = (centred * centred).sum(dim=1) / (self.n_members - 1)
             self.variance_sum[lead] += _per_time_sum(weighted_grid_mean(variance, weights))
-        self.rank_counts[lead] += self._rank_counts(members, truth)
+        self.rank_counts[lead] += self._rank_counts(ordered, truth)
         self.count[lead] += members.shape[0]
 
-    def _rank_counts(self, members: torch.Tensor, truth: torch.Tensor) -> np.ndarray:
-        """(C, M + 1): how often the truth had each rank among the members, ties broken at random."""
-        truth = truth.unsqueeze(1)
-        below = (members < truth).sum(dim=1)  # (N, C, H, W)
-        tied = (members == truth).sum(dim=1)
+    def _rank_counts(self, ordered: torch.Tensor, truth: torch.Tensor) -> np.ndarray:
+        """(C, M + 1): how often the truth had each rank among the members (``ordered``: sorted along the members'
+        dimension), ties broken at random."""
+        sequences = ordered.movedim(1, -1).contiguous()  # searchsorted looks along the last dimension
+        value = truth.unsqueeze(-1).contiguous()
+        below = torch.searchsorted(sequences, value).squeeze(-1)  # (N, C, H, W): members strictly below
+        tied = torch.searchsorted(sequences, value, right=True).squeeze(-1) - below
         rank = below
         if bool(tied.any()):
             uniform = torch.rand(tied.shape, generator=self.tie_generator, dtype=torch.float64)
@@ -100,7 +107,7 @@ class EnsembleScores:
             place = (uniform.to(tied.device) * (tied + 1)).floor().long().clamp(max=tied)
             rank = below + place
         n_bins = self.n_members + 1
-        n_channels = members.shape[2]
+        n_channels = ordered.shape[2]
         channel = torch.arange(n_channels, device=rank.device).view(1, -1, 1, 1)
         flat = (channel * n_bins + rank).flatten()
         counts = torch.bincount(flat, minlength=n_channels * n_bins)
@@ -139,20 +146,25 @@ class EnsembleScores:
             return np.sqrt(mean) if sqrt else mean
 
 
-def fair_crps(members: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+def fair_crps(
+    members: torch.Tensor, truth: torch.Tensor, centred_ordered: torch.Tensor | None = None
+) -> torch.Tensor:
     """(N, C, H, W): the fair CRPS at each point of (N, M, C, H, W) members against their (N, C, H, W) truth,
-    ``1/M sum_m |x_m - y| - 1/(2 M (M-1)) sum_{m,n} |x_m - x_n|`` (the second term 0 for one member)."""
+    ``1/M sum_m |x_m - y| - 1/(2 M (M-1)) sum_{m,n} |x_m - x_n|`` (the second term 0 for one member).
+    ``centred_ordered``: the members minus their mean, sorted along the members, when the caller has them."""
     n_members = members.shape[1]
     skill = (members - truth.unsqueeze(1)).abs().mean(dim=1)
     if n_members < 2:
         return skill
     # Centred on the ensemble mean first: the coefficients sum to 0, so this changes nothing but the float32
     # rounding, whose terms (up to (M - 1) x ~5e4 m^2/s^2 for z500) would otherwise dwarf a spread of a few units.
-    centred = members - members.mean(dim=1, keepdim=True)
-    ordered = torch.sort(centred, dim=1).values
+    if centred_ordered is None:
+        centred_ordered = torch.sort(members - members.mean(dim=1, keepdim=True), dim=1).values
     position = torch.arange(1, n_members + 1, device=members.device, dtype=members.dtype)
     coefficient = (2 * position - n_members - 1).view(1, -1, 1, 1, 1)
-    pair_sum = 2 * (coefficient * ordered).sum(dim=1)  # sum over all ordered pairs (m, n) of |x_m - x_n|
+    pair_sum = 2 * (coefficient * centred_ordered).sum(
+        dim=1
+    )  # sum over all ordered pairs (m, n) of |x_m - x_n|
     mean_pair_distance = pair_sum / (n_members * (n_members - 1))
     return skill - 0.5 * mean_pair_distance
 

@@ -110,7 +110,7 @@ class ZonalSpectra:
                 latitudes.max(),
             )
             return None
-        if not _whole_circle(np.asarray(longitudes, dtype=np.float64)):
+        if not whole_circle(np.asarray(longitudes, dtype=np.float64)):
             log.info(
                 "No zonal energy spectra: the grid's %d columns are not evenly spaced longitudes around the "
                 "whole Earth (a spectrum along a row needs the whole circle)",
@@ -159,7 +159,7 @@ class ZonalSpectra:
             return np.where(truth > 0, forecast / truth, np.nan)
 
 
-def _whole_circle(longitudes: np.ndarray) -> bool:
+def whole_circle(longitudes: np.ndarray) -> bool:
     """Whether ``longitudes`` are evenly spaced and span the circle: ``len * spacing`` is 360 degrees, to a
     tenth of a column (float32 coordinates of a fine grid add up their rounding)."""
     if len(longitudes) < 2:

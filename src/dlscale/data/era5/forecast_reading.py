@@ -7,8 +7,15 @@ dimensions is one channel, or one per level (``geopotential`` at 500 hPa is ``z5
 :func:`dlscale.data.era5.importing.names.channel_of_field`); both WeatherBench2's long names and the short ones
 (``z500``, ``t2m``: ``--names short``) are read. A level variable of ours names the levels that hold a channel
 in its ``channels`` attribute (the others are NaN), so only those are channels. Variables on other dimensions
-(an ensemble member's, a bounds variable) and level variables of a field with no short name are left out, and
-listed in :attr:`ForecastFile.left_out`.
+(a bounds variable) and level variables of a field with no short name are left out, and listed in
+:attr:`ForecastFile.left_out`.
+
+An ensemble has WeatherBench2's ensemble dimension ``number`` on its fields (anywhere among their dimensions;
+ours and WeatherBench2's IFS ENS store put it after ``time``), and then every field must have it: a field
+without members beside fields with them is one line, not a guess. The members are read in increasing
+``number``; the first is the control where it is number 0 (ECMWF's numbering and ours), otherwise
+(WeatherBench2's IFS ENS store numbers its perturbed members from 1 and holds no control) the first is only the
+member scored alone, and :attr:`ForecastFile.control` says which it is.
 
 Opening reads coordinates only (lazily, without dask): :meth:`ForecastFile.read` reads the fields of a few
 initial times at one lead, so a 10-day forecast of several GB is never in memory at once.
@@ -29,6 +36,7 @@ from dlscale.data.era5.optional_modules import require_era5_module
 from dlscale.errors import DataError
 
 TIME, LEAD, LATITUDE, LONGITUDE, LEVEL = "time", "prediction_timedelta", "latitude", "longitude", "level"
+MEMBER = "number"  # WeatherBench2's ensemble dimension (its evaluation's --ensemble_dim default)
 REQUIRED_DIMS = (TIME, LEAD, LATITUDE, LONGITUDE)
 LAYOUT = (
     "WeatherBench2's forecast layout: dimensions time, prediction_timedelta, latitude, longitude (and level)"
@@ -77,6 +85,13 @@ class ForecastFile:
         )  # a copy: xarray's may be read-only
         self.longitudes = np.array(self._dataset[LONGITUDE].values, np.float64)
         self.left_out: list[str] = []
+        # An ensemble's member numbers in increasing order and their positions along the file's `number`
+        # (None: a deterministic forecast)
+        self.members, self._member_order = self._members()
+        # How the members differ, as dlscale forecast --write records it (None in another's file)
+        self.perturbation = (
+            self._dataset.attrs.get("ensemble_perturbation") if self.members is not None else None
+        )
         self.channels = self._channels()
         if not self.channels:
             raise DataError(
@@ -84,14 +99,59 @@ class ForecastFile:
                 f"names a field (left out: {', '.join(self.left_out) or 'none'}); expected {LAYOUT}"
             )
 
+    def _members(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The member numbers, increasing, and where each lies along ``number``; (None, None) when no field
+        has that dimension."""
+        fields = [
+            array for array in self._dataset.data_vars.values() if set(REQUIRED_DIMS) <= set(array.dims)
+        ]
+        if not any(MEMBER in array.dims for array in fields):
+            return None, None
+        numbers = np.asarray(self._dataset[MEMBER].values)
+        if numbers.size == 0:
+            raise DataError(f"{self.path}: its ensemble dimension {MEMBER!r} holds no member")
+        if not np.issubdtype(numbers.dtype, np.integer):
+            raise DataError(
+                f"{self.path}: its members ({MEMBER!r}) are numbered by {numbers.dtype} values "
+                f"({', '.join(map(str, numbers[:3]))} ..); expected integers (0: the control)"
+            )
+        repeated = [int(n) for n in np.unique(numbers) if (numbers == n).sum() > 1]
+        if repeated:
+            raise DataError(f"{self.path}: its {MEMBER!r} coordinate names member {repeated[0]} twice")
+        order = np.argsort(numbers, kind="stable")
+        return numbers[order].astype(np.int64), order
+
+    @property
+    def member_count(self) -> int:
+        """M, the ensemble's members; 1 for a deterministic forecast."""
+        return 1 if self.members is None else len(self.members)
+
+    @property
+    def control(self) -> str | None:
+        """What the first member, the one scored alone as ``model``, is; None for a deterministic forecast."""
+        if self.members is None:
+            return None
+        if self.members[0] == 0:
+            return "number 0, the control (the forecast from the unperturbed state)"
+        return (
+            f"number {self.members[0]}, the lowest: the file has no number 0 (the control in ECMWF's numbering "
+            "and dlscale's), so one perturbed member is scored alone in its place"
+        )
+
     def _channels(self) -> list[ForecastChannel]:
         found: list[ForecastChannel] = []
-        allowed = {*REQUIRED_DIMS, LEVEL}
+        allowed = {*REQUIRED_DIMS, LEVEL, *([MEMBER] if self.members is not None else [])}
         for variable, array in self._dataset.data_vars.items():
             dims = set(map(str, array.dims))
             if not (set(REQUIRED_DIMS) <= dims <= allowed):
                 self.left_out.append(f"{variable} (dimensions {', '.join(map(str, array.dims))})")
                 continue
+            if self.members is not None and MEMBER not in dims:
+                raise DataError(
+                    f"{self.path}: its variable {variable!r} has no {MEMBER!r} dimension, while the file's other "
+                    f"fields are an ensemble of {len(self.members)} members; expected every field of an ensemble "
+                    f"on (time, {MEMBER}, prediction_timedelta, [level,] latitude, longitude)"
+                )
             unit = str(array.attrs.get("units", ""))
             long_name = str(array.attrs.get("long_name", variable))
             if LEVEL not in dims:
@@ -123,16 +183,22 @@ class ForecastFile:
         columns: np.ndarray,
     ) -> np.ndarray:
         """float32 (N, C, H, W): ``channels`` at the initial times ``time_indices`` and the lead ``lead_index``,
-        on the file's rows ``rows`` and columns ``columns`` (the scoring grid's, in its order)."""
+        on the file's rows ``rows`` and columns ``columns`` (the scoring grid's, in its order); an ensemble's
+        (N, M, C, H, W), every member, in increasing ``number``."""
         by_name = {channel.name: channel for channel in self.channels}
-        out = np.empty((len(time_indices), len(channels), len(rows), len(columns)), np.float32)
-        selection = {TIME: np.asarray(time_indices), LEAD: lead_index}
+        members = () if self.members is None else (len(self.members),)
+        out = np.empty((len(time_indices), *members, len(channels), len(rows), len(columns)), np.float32)
+        selection: dict[str, Any] = {TIME: np.asarray(time_indices), LEAD: lead_index}
+        order = (TIME, LATITUDE, LONGITUDE)
+        if self.members is not None:
+            selection[MEMBER] = self._member_order
+            order = (TIME, MEMBER, LATITUDE, LONGITUDE)
         for c, name in enumerate(channels):
             channel = by_name[name]
             array = self._dataset[channel.variable]
             chosen = dict(selection, **({LEVEL: channel.level_at} if channel.level_at is not None else {}))
-            values = array.isel(chosen).transpose(TIME, LATITUDE, LONGITUDE).values
-            out[:, c] = values[:, rows][:, :, columns]
+            values = array.isel(chosen).transpose(*order).values
+            out[..., c, :, :] = values[..., rows, :][..., columns]
         return out
 
     def close(self) -> None:

@@ -1,0 +1,124 @@
+"""What an ensemble forecast adds to ``scores.json``, ``scores.csv`` and the log.
+
+``scores.json``'s ``ensemble`` entry (absent for a deterministic forecast)::
+
+    "ensemble": {
+      "members": 16,                        # M, the control (member 0) included
+      "perturbation": "Gaussian initial-state noise of 0.05 standard deviations, correlated over 500 km",
+      "crps": {channel: [per lead]},        # the ensemble's fair CRPS, channel units
+      "deterministic_crps": {channel: [...]},  # the control's CRPS as a one-member ensemble: its MAE
+      "spread": {channel: [...]},           # sqrt of the mean member variance (unbiased), channel units
+      "spread_skill": {channel: [...]},     # sqrt((M+1)/M) spread / ensemble-mean RMSE: 1 when calibrated
+      "spread_skill_uncorrected": {channel: [...]},  # spread / ensemble-mean RMSE (WeatherBench2's plot)
+      "rank_histograms": [{"lead_hours": 24.0, "counts": {channel: [M + 1 counts]}}, ...],  # at 1, 3, 5 days
+      "conventions": {...}
+    }
+
+The ensemble mean is a forecaster of ``scores`` (``ensemble``: its RMSE, bias and ACC, WeatherBench2's
+ensemble-mean RMSE among them); the control is ``model``, the same forecast a deterministic ``dlscale forecast``
+gives. ``scores.csv`` gets three columns more, ``crps``, ``spread`` and ``spread_skill``: the ensemble's on its
+rows, the control's CRPS (its MAE) on the model's, empty elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dlscale.report.forecast_selection import lead_text, report_leads
+from dlscale.scoring.rollout import ENSEMBLE, MODEL, EnsembleRollout
+
+RANK_HISTOGRAM_DAYS = (1, 3, 5)  # the leads whose rank histograms are kept (those the rollout reaches)
+ENSEMBLE_COLUMNS = ("crps", "spread", "spread_skill")
+ENSEMBLE_CONVENTIONS = {
+    "members": "member 0 is the control (the unperturbed forecast, scored as 'model'); the ensemble's scores "
+    "count every member, the control included",
+    "crps": "the fair (unbiased) CRPS per grid point, E|X - y| - E|X - X'| / 2 with the M(M-1) denominator, "
+    "latitude-weighted mean over the grid, then the mean over initial times (WeatherBench2's CRPS); a "
+    "one-member ensemble's is its mean absolute error (deterministic_crps)",
+    "spread": "the square root of the mean over initial times of the latitude-weighted grid mean of the members' "
+    "unbiased variance (WeatherBench2's ensemble variance, root after the time mean)",
+    "spread_skill": "sqrt((M + 1) / M) x spread / ensemble-mean RMSE: 1 for a calibrated ensemble of any size, "
+    "below 1 under-dispersive; spread_skill_uncorrected drops the factor (WeatherBench2's figure)",
+    "rank_histograms": "counts of the truth's rank among the M members (0: below all) over every grid point and "
+    "initial time, not weighted; ties broken at random: flat for a calibrated ensemble",
+}
+
+
+def ensemble_entry(
+    ensemble: EnsembleRollout | None,
+    channel_names: Sequence[str],
+    step_hours: float,
+    steps: int,
+) -> dict[str, Any] | None:
+    """``scores.json``'s ``ensemble`` entry of an ensemble rollout; None without one."""
+    if ensemble is None:
+        return None
+    scores = ensemble.members
+
+    def per_channel(values: np.ndarray) -> dict[str, list[float]]:
+        return {name: values[:, c].tolist() for c, name in enumerate(channel_names)}
+
+    counts = scores.rank_histogram()
+    histograms = [
+        {
+            "lead_hours": lead * step_hours,
+            "counts": {name: counts[lead, c].tolist() for c, name in enumerate(channel_names)},
+        }
+        for lead in report_leads(RANK_HISTOGRAM_DAYS, step_hours, steps)
+    ]
+    return {
+        "members": scores.n_members,
+        "perturbation": ensemble.description,
+        "crps": per_channel(scores.crps()),
+        "deterministic_crps": per_channel(ensemble.control.crps()),
+        "spread": per_channel(scores.spread()),
+        "spread_skill": per_channel(scores.spread_skill_ratio()),
+        "spread_skill_uncorrected": per_channel(scores.spread() / scores.ensemble_mean_rmse()),
+        "rank_histograms": histograms,
+        "conventions": ENSEMBLE_CONVENTIONS,
+    }
+
+
+def ensemble_cells(document: dict[str, Any], forecaster: str, channel: str, lead: int) -> list[float | None]:
+    """The CSV's ``crps``, ``spread`` and ``spread_skill`` of one row: the ensemble's on its rows, the control's
+    CRPS on the model's, None elsewhere."""
+    entry = document.get("ensemble")
+    if entry is None:
+        return []
+    if forecaster == ENSEMBLE:
+        return [entry[key][channel][lead] for key in ENSEMBLE_COLUMNS]
+    if forecaster == MODEL:
+        return [entry["deterministic_crps"][channel][lead], None, None]
+    return [None, None, None]
+
+
+def ensemble_lines(document: dict[str, Any]) -> list[str]:
+    """The ensemble's table at the headline's leads: CRPS (the ensemble's and the control's MAE), spread and the
+    spread/skill ratio per headline channel; no line for a deterministic forecast."""
+    entry = document.get("ensemble")
+    if entry is None or not document["headline"]:
+        return []
+    lead_hours = list(document["lead_hours"])
+    width = max(8, *(len(row["channel"]) + 1 for row in document["headline"]))
+    lines = [
+        f"{'channel':<{width}}{'lead':>5}  {'unit':<9}{'CRPS':>10}{'MAE ctrl':>10}{'spread':>10}{'spr/skill':>10}"
+    ]
+    for row in document["headline"]:
+        name, lead = row["channel"], lead_hours.index(row["lead_hours"])
+        unit = document["units"].get(name, "")
+        values = (
+            entry["crps"][name][lead],
+            entry["deterministic_crps"][name][lead],
+            entry["spread"][name][lead],
+            entry["spread_skill"][name][lead],
+        )
+        cells = "".join(f"{_number(value):>10}" for value in values)
+        lines.append(f"{name:<{width}}{lead_text(row['lead_hours']):>5}  {unit:<9}{cells}")
+    return lines
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None or not np.isfinite(value) else f"{value:.4g}"

@@ -1,0 +1,82 @@
+"""``--perturb``: what makes an ensemble's members differ, as the user writes it (``gaussian:SCALE[:LENGTH_KM]``
+or ``dropout``), checked before torch is imported; :mod:`dlscale.scoring.perturbations` makes the members."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dlscale.errors import ConfigError
+
+GAUSSIAN, DROPOUT = "gaussian", "dropout"
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """What ``--perturb`` asked for: ``kind`` (gaussian or dropout), and for gaussian the scale in standard
+    deviations and the correlation length in km (None: the default for the grid)."""
+
+    kind: str
+    scale: float = 0.0
+    length_km: float | None = None
+
+    def describe(self) -> str:
+        if self.kind == DROPOUT:
+            return "the model's dropout kept on in every member but the control"
+        length = "the grid's default length" if self.length_km is None else f"{self.length_km:g} km"
+        return f"Gaussian initial-state noise of {self.scale:g} standard deviations, correlated over {length}"
+
+
+def parse_perturbation(text: str) -> Perturbation:
+    """``gaussian:SCALE[:LENGTH_KM]`` or ``dropout`` -> a :class:`Perturbation`; anything else is a ConfigError
+    naming the option and what it expects."""
+    expected = "expected gaussian:SCALE[:LENGTH_KM] (e.g. gaussian:0.05 or gaussian:0.05:500) or dropout"
+    parts = text.strip().split(":")
+    kind = parts[0].strip().lower()
+    if kind == DROPOUT and len(parts) == 1:
+        return Perturbation(DROPOUT)
+    if kind != GAUSSIAN or len(parts) not in (2, 3):
+        raise ConfigError(f"--perturb {text!r}: {expected}")
+    scale = _number(parts[1], text, "SCALE")
+    if not scale > 0:
+        raise ConfigError(
+            f"--perturb {text!r}: SCALE must be a number above 0 (standard deviations), got {scale}"
+        )
+    length = None
+    if len(parts) == 3:
+        length = _number(parts[2], text, "LENGTH_KM")
+        if not length >= 0:
+            raise ConfigError(f"--perturb {text!r}: LENGTH_KM must be 0 (white noise) or more, got {length}")
+    return Perturbation(GAUSSIAN, scale, length)
+
+
+def _number(part: str, text: str, name: str) -> float:
+    try:
+        value = float(part)
+    except ValueError:
+        raise ConfigError(f"--perturb {text!r}: {name} {part!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"--perturb {text!r}: {name} must be a finite number, got {part!r}")
+    return value
+
+
+def check_ensemble_options(members: int, perturb: str | None) -> Perturbation | None:
+    """``--members`` and ``--perturb`` together: the perturbation of an ensemble of ``members`` (None for one
+    member), or a ConfigError naming the option that is wrong and what it expects."""
+    if members < 1:
+        raise ConfigError(
+            f"--members {members}: expected a number of members >= 1 (1: the deterministic forecast)"
+        )
+    if members == 1:
+        if perturb is not None:
+            raise ConfigError(
+                f"--perturb {perturb}: perturbs the members of an ensemble; add --members N (N >= 2: the control "
+                "and N - 1 perturbed members)"
+            )
+        return None
+    if perturb is None:
+        raise ConfigError(
+            f"--members {members}: an ensemble needs --perturb gaussian:SCALE[:LENGTH_KM] or dropout (the scale "
+            "that calibrates an ensemble depends on the model: choose it on the validation split)"
+        )
+    return parse_perturbation(perturb)
