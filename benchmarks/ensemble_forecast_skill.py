@@ -18,6 +18,7 @@ and the time each member costs; the perturbation scale chosen on the validation 
    the blocks' mean squared errors (then square-rooted), of the blocks' spread/skill ratios; comparisons with
    the deterministic forecast (member 0, the control) are paired by block: "better" means the interval of the
    difference lies below 0.
+   Every forecast is written without figures (``figures=False``): they change no number and cost seconds.
 3. Time per member: the model's seconds per member and model step (``throughput.model_seconds /
    forecast_steps``), and the whole rollout's (reading and scoring included). Kept for every block, but a CPU
    measurement is only fair on an idle machine: ``--time-into RECORD`` times ``--time-trials`` forecasts of one
@@ -115,6 +116,7 @@ def choose_scale(args: argparse.Namespace) -> dict[str, Any]:
             init_count=args.choose_init_count,
             members=args.choose_members,
             perturb=_perturb(scale, args.length_km),
+            figures=False,
         )
         ratios = {name: document["ensemble"]["spread_skill"][name][-1] for name in args.channels}
         distance = sum(abs(math.log(r)) for r in ratios.values()) / len(ratios)
@@ -139,9 +141,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     perturb = _perturb(choice["chosen_scale"], args.length_km)
     # The deterministic forecast of blocks x per-block initial times evenly spread over the split: consecutive
     # runs of per-block of them are the blocks.
-    probe = dlscale.forecast(
-        args.run, split=args.split, lead=args.lead, init_count=args.blocks * args.per_block
-    )
+    count = args.blocks * args.per_block
+    probe = dlscale.forecast(args.run, split=args.split, lead=args.lead, init_count=count, figures=False)
     blocks = blocks_of(probe["initial_times"], args.blocks)
     per_size: dict[str, Any] = {}
     for members in args.members:
@@ -158,6 +159,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     init=",".join(block),
                     members=members,
                     perturb=perturb,
+                    figures=False,
                 )
             )
         per_size[str(members)] = [_ensemble_scores(document, args.channels) for document in documents]
@@ -378,14 +380,21 @@ def time_members(args: argparse.Namespace) -> dict[str, Any]:
         "sizes": {},
     }
     # One forecast untimed first: the first in a process pays for imports, allocations and the data's first reads.
-    dlscale.forecast(run, split=record["split"], lead=args.time_lead, init_count=args.time_init_count)
+    dlscale.forecast(
+        run, split=record["split"], lead=args.time_lead, init_count=args.time_init_count, figures=False
+    )
     for members in [1, *[int(size) for size in record["ensembles"]]]:
         trials = []
         for trial in range(args.time_trials):
             print(f"timing {members} member(s), trial {trial + 1}/{args.time_trials}", flush=True)
             options = {"members": members, "perturb": record["perturb"]} if members > 1 else {}
             document = dlscale.forecast(
-                run, split=record["split"], lead=args.time_lead, init_count=args.time_init_count, **options
+                run,
+                split=record["split"],
+                lead=args.time_lead,
+                init_count=args.time_init_count,
+                figures=False,
+                **options,
             )
             throughput = document["throughput"]
             trials.append({key: throughput[key] for key in ("forecast_steps", "model_seconds", "seconds")})

@@ -151,6 +151,7 @@ def forecast(
     climatology: str | Path | None = None,
     members: int = 1,
     perturb: str | None = None,
+    figures: bool = True,
 ) -> dict[str, Any]:
     """``dlscale forecast``: roll the checkpoint's model forward up to ``lead`` (``"10d"``, ``"36h"``) from the
     initial times ``init`` (``"every:12h"``, ``"every:4"`` model steps, or ``"2018-01-01T00,2018-02-01T12"``; at most
@@ -184,12 +185,14 @@ def forecast(
     ``doc["ensemble"]`` its CRPS, spread, spread/skill ratio and rank histograms per lead (see
     :mod:`dlscale.report.ensemble_report`); ``batch_size`` still counts initial times (by default the run's batch
     divided by N, so that as many samples go through the model at once as in training).
+
+    ``figures=False`` writes the scores without the PNGs (a loop of many forecasts saves seconds each).
     """
     if isinstance(overrides, str):
         overrides = [overrides]
     chosen = str(climatology) if climatology is not None else None
     options = ForecastOptions(
-        split, lead, init, init_count, batch_size, write, names, chosen, members, perturb
+        split, lead, init, init_count, batch_size, write, names, chosen, members, perturb, figures
     )
     choice = str(checkpoint) if checkpoint is not None else None
     return forecast_checkpoint(run_dir_or_checkpoint, options, choice, overrides).document
@@ -201,6 +204,7 @@ def score(
     climatology: str | Path | None = None,
     out: str | Path | None = None,
     compare: Sequence[str | Path] = (),
+    figures: bool = True,
 ) -> dict[str, Any]:
     """``dlscale score``: score ``forecast`` (a zarr store or netCDF file in WeatherBench2's layout, or
     ``"LABEL=PATH"``), and each of ``compare`` beside it, against ``truth`` (a store ``import-era5`` reads),
@@ -213,11 +217,11 @@ def score(
     forecast) in one piece. An ensemble (a ``number`` dimension) is scored alone, as :func:`forecast` scores
     one: its control (number 0) is ``"model"``, the members' mean ``"ensemble"``, and ``doc["ensemble"]`` holds
     the CRPS, spread, spread/skill and rank histograms; ``compare`` with an ensemble is refused. See
-    :mod:`dlscale.run.score`.
+    :mod:`dlscale.run.score`. ``figures=False``: the scores without the PNGs.
     """
     if isinstance(compare, (str, Path)):
         compare = [compare]
-    return score_forecasts([forecast, *compare], truth, climatology, out).document
+    return score_forecasts([forecast, *compare], truth, climatology, out, figures).document
 
 
 def tune(

@@ -19,7 +19,14 @@ CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
 xarray = pytest.importorskip("xarray", reason="the era5 extra (xarray) reads the written forecasts")
 # Sums over initial times added in another order (float64), and a batch split differently (float32 kernels)
 SAME = 1e-5
-OPTIONS = {"lead": "18h", "init_count": 5, "members": 3, "perturb": "gaussian:0.3", "write": "zarr"}
+OPTIONS = {
+    "lead": "18h",
+    "init_count": 5,
+    "members": 3,
+    "perturb": "gaussian:0.3",
+    "write": "zarr",
+    "figures": False,
+}
 
 
 @pytest.fixture(scope="module")

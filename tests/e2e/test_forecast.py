@@ -71,7 +71,9 @@ def test_persistence_is_exact_at_lead_0_and_its_error_grows(era5_run):
 
 
 def test_the_lead_1_rollout_scores_what_evaluate_scores_for_the_same_initial_time(era5_run):
-    document = dlscale.forecast(era5_run, split="valid", lead="6h", init="every:6h", init_count=1)
+    document = dlscale.forecast(
+        era5_run, split="valid", lead="6h", init="every:6h", init_count=1, figures=False
+    )
     assert document["initial_times"] == [document["initial_times"][0]]
     assert main(["evaluate", str(era5_run), "--set", "data.limit_nsamples_val=1"]) == 0
     (limited,) = (era5_run / "eval").glob("valid-ckpt_latest-set-*")  # the --set change names its directory
@@ -85,7 +87,9 @@ def test_the_lead_1_rollout_scores_what_evaluate_scores_for_the_same_initial_tim
 
 
 def test_the_lead_1_rmse_is_the_square_root_of_the_mean_weighted_error_over_initial_times(era5_run):
-    result = forecast_checkpoint(era5_run, ForecastOptions(split="test", lead="6h", init="every:12h"))
+    result = forecast_checkpoint(
+        era5_run, ForecastOptions(split="test", lead="6h", init="every:12h", figures=False)
+    )
     cfg = load_run_config(era5_run / "config.yaml", "tiny")
     workload = get_workload(cfg.workload)
     model = workload.build_model(cfg.model, cfg.data).eval()
@@ -110,7 +114,8 @@ def test_the_written_forecast_opens_in_xarray_lines_up_with_the_truth_and_equals
     fmt, era5_run, tiny_era5
 ):
     result = forecast_checkpoint(
-        era5_run, ForecastOptions(split="test", lead="12h", init="every:12h", write=fmt, names="short")
+        era5_run,
+        ForecastOptions(split="test", lead="12h", init="every:12h", write=fmt, names="short", figures=False),
     )
     name = "forecast.nc" if fmt == "netcdf" else "forecast.zarr"
     path = era5_run / "forecast" / f"test-ckpt_latest-lead12h-{fmt}-short" / name
@@ -140,7 +145,7 @@ def test_the_written_forecast_opens_in_xarray_lines_up_with_the_truth_and_equals
 
 
 def test_the_python_api_returns_what_scores_json_holds(era5_run):
-    document = dlscale.forecast(str(era5_run), lead="1d", init="every:12h", init_count=3)
+    document = dlscale.forecast(str(era5_run), lead="1d", init="every:12h", init_count=3, figures=False)
     assert document == scores(era5_run, "test-ckpt_latest-lead1d-init3")
     assert document["initial_time_count"] == 3
 
@@ -255,7 +260,7 @@ def test_with_dt_2_a_model_step_is_12_hours_and_lead_l_is_the_state_2l_indices_o
 def test_with_dt_2_the_forecast_scores_leads_12_hours_apart_against_the_truth_2l_states_on(
     era5_run, tiny_era5
 ):
-    options = ForecastOptions(split="test", lead="1d", init="every:12h", init_count=3)
+    options = ForecastOptions(split="test", lead="1d", init="every:12h", init_count=3, figures=False)
     result = forecast_checkpoint(era5_run, options, overrides=["data.dt=2"])
     document = result.document
     assert document["lead_hours"] == [0.0, 12.0, 24.0]

@@ -38,7 +38,7 @@ def run_with_climatology(tiny_era5: Path, tmp_path_factory: pytest.TempPathFacto
 
 def test_the_acc_uses_each_valid_times_climatology_by_day_of_year_and_hour(run_with_climatology):
     root, run = run_with_climatology
-    assert main(["forecast", str(run), "--lead", "12h", "--init", "every:6h"]) == 0
+    assert main(["forecast", str(run), "--lead", "12h", "--init", "every:6h", "--no-figures"]) == 0
     directory = run / "forecast" / "test-ckpt_latest-lead12h-every6h"
     document = json.loads((directory / "scores.json").read_text())
     assert document["climatology"]["kind"] == "day_of_year_and_hour"
@@ -77,7 +77,7 @@ def test_the_acc_uses_each_valid_times_climatology_by_day_of_year_and_hour(run_w
 
     # The same store named with --climatology: the same scores, in a directory of its own.
     store = root / "stats" / "climatology.zarr"
-    named = dlscale.forecast(run, lead="12h", init="every:6h", climatology=store)
+    named = dlscale.forecast(run, lead="12h", init="every:6h", climatology=store, figures=False)
     assert named["climatology"]["chosen_by"] == "--climatology"
     assert named["scores"]["persistence"]["acc"] == document["scores"]["persistence"]["acc"]
     assert Path(named["output_dir"]).name.startswith("test-ckpt_latest-lead12h-every6h-clim-")
@@ -86,7 +86,20 @@ def test_the_acc_uses_each_valid_times_climatology_by_day_of_year_and_hour(run_w
 def test_time_mean_keeps_the_one_mean_field_in_a_directory_of_its_own(run_with_climatology):
     root, run = run_with_climatology
     assert (
-        main(["forecast", str(run), "--lead", "12h", "--init", "every:6h", "--climatology", "time-mean"]) == 0
+        main(
+            [
+                "forecast",
+                str(run),
+                "--lead",
+                "12h",
+                "--init",
+                "every:6h",
+                "--climatology",
+                "time-mean",
+                "--no-figures",
+            ]
+        )
+        == 0
     )
     directory = run / "forecast" / "test-ckpt_latest-lead12h-every6h-clim-timemean"
     document = json.loads((directory / "scores.json").read_text())

@@ -32,7 +32,7 @@ def era5_run(tiny_era5: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def deterministic(era5_run: Path) -> dict:
-    return dlscale.forecast(era5_run, **SHORT)
+    return dlscale.forecast(era5_run, **SHORT, figures=False)
 
 
 def test_the_ensemble_is_scored_beside_its_control_in_a_directory_of_its_own(era5_run, deterministic, capsys):
@@ -79,7 +79,12 @@ def test_the_ensemble_is_scored_beside_its_control_in_a_directory_of_its_own(era
 
 
 def test_dropout_members_differ_and_their_control_is_the_deterministic_forecast(era5_run, deterministic):
-    document = dlscale.forecast(era5_run, **SHORT, members=3, perturb="dropout")
+    document = dlscale.forecast(era5_run, **SHORT, members=3, perturb="dropout", figures=False)
+    assert document["files"] == ["scores.json", "scores.csv"]  # figures=False: the scores alone
+    assert sorted(path.name for path in Path(document["output_dir"]).iterdir()) == [
+        "scores.csv",
+        "scores.json",
+    ]
     assert Path(document["output_dir"]).name.endswith("-ens3-dropout")
     assert document["scores"]["model"] == deterministic["scores"]["model"]
     spread = document["ensemble"]["spread"]["t2m"]

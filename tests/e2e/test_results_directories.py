@@ -34,8 +34,8 @@ def read(directory: Path, name: str) -> dict:
 
 
 def test_forecasts_of_other_options_keep_their_own_directories(era5_run):
-    short = forecast_checkpoint(era5_run, ForecastOptions(lead="6h", init_count=2))
-    longer = forecast_checkpoint(era5_run, ForecastOptions(lead="12h", init_count=3))
+    short = forecast_checkpoint(era5_run, ForecastOptions(lead="6h", init_count=2, figures=False))
+    longer = forecast_checkpoint(era5_run, ForecastOptions(lead="12h", init_count=3, figures=False))
     assert short.output_dir == era5_run / "forecast" / "test-ckpt_latest-lead6h-init2"
     assert longer.output_dir == era5_run / "forecast" / "test-ckpt_latest-lead12h-init3"
     first, second = read(short.output_dir, "scores.json"), read(longer.output_dir, "scores.json")
@@ -54,6 +54,7 @@ def test_forecasts_of_other_options_keep_their_own_directories(era5_run):
         "climatology": None,
         "members": 1,
         "perturb": None,
+        "figures": False,
         "overrides": [],
     }
     progress = load_checkpoint(era5_run / "checkpoints" / "ckpt_latest.pt")["progress"]
@@ -62,14 +63,16 @@ def test_forecasts_of_other_options_keep_their_own_directories(era5_run):
 
 
 def test_an_init_count_that_keeps_every_initial_time_names_no_directory_of_its_own(era5_run):
-    every = forecast_checkpoint(era5_run, ForecastOptions(lead="5d"))
-    counted = forecast_checkpoint(era5_run, ForecastOptions(lead="120h", init_count=1000))
+    every = forecast_checkpoint(era5_run, ForecastOptions(lead="5d", figures=False))
+    counted = forecast_checkpoint(era5_run, ForecastOptions(lead="120h", init_count=1000, figures=False))
     assert every.output_dir == counted.output_dir == era5_run / "forecast" / "test-ckpt_latest-lead5d"
     assert counted.document["initial_time_count"] == every.document["initial_time_count"]
 
 
 def test_the_same_options_again_replace_their_directory_and_say_what_they_replace(era5_run, capsys):
-    first = forecast_checkpoint(era5_run, ForecastOptions(lead="1d", init="every:1d", init_count=2))
+    first = forecast_checkpoint(
+        era5_run, ForecastOptions(lead="1d", init="every:1d", init_count=2, figures=False)
+    )
     assert "will replace" not in capsys.readouterr().out
     again = dlscale.forecast(
         era5_run, lead="24h", init="every:4", init_count=2

@@ -53,7 +53,7 @@ def ensemble(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "--write",
         "zarr",
     ]
-    assert main([*argv, "--members", str(MEMBERS), "--perturb", "gaussian:0.1"]) == 0
+    assert main([*argv, "--members", str(MEMBERS), "--perturb", "gaussian:0.1", "--no-figures"]) == 0
     (directory,) = (run / "forecast").iterdir()
     return {
         "store": store,
@@ -88,7 +88,7 @@ def test_the_file_holds_every_member_on_weatherbench2s_number_dimension(ensemble
 def test_score_gives_the_ensembles_own_scores(ensemble):
     directory, forecast = ensemble["directory"], ensemble["forecast"]
     argv = ["score", str(directory / "forecast.zarr"), "--truth", str(ensemble["store"])]
-    assert main([*argv, "--climatology", str(ensemble["climatology"])]) == 0
+    assert main([*argv, "--climatology", str(ensemble["climatology"]), "--no-figures"]) == 0
     scored = json.loads((directory / "score-forecast" / "scores.json").read_text())
     assert scored["initial_times"] == forecast["initial_times"]
     assert (
@@ -134,7 +134,10 @@ def test_a_one_member_ensembles_crps_is_its_mean_absolute_error(ensemble, tmp_pa
     with xarray.open_zarr(directory / "forecast.zarr") as opened:
         opened.isel(number=[0]).load().to_zarr(control, mode="w")
     out = tmp_path / "scores"
-    assert main(["score", str(control), "--truth", str(ensemble["store"]), "--out", str(out)]) == 0
+    assert (
+        main(["score", str(control), "--truth", str(ensemble["store"]), "--out", str(out), "--no-figures"])
+        == 0
+    )
     scored = json.loads((out / "scores.json").read_text())
     assert scored["ensemble"]["members"] == 1
     for channel in forecast["channels"]:

@@ -34,7 +34,10 @@ def test_score_gives_the_forecasts_own_scores(tmp_path):
         train(tiny_run_config(CONFIGS / "vit_era5.yaml", data, tmp_path / "runs", "train.num_epochs=1")) == 0
     )
     run = tmp_path / "runs" / "tiny" / "00"
-    assert main(["forecast", str(run), "--lead", "12h", "--init", "every:6h", "--write", "zarr"]) == 0
+    assert (
+        main(["forecast", str(run), "--lead", "12h", "--init", "every:6h", "--write", "zarr", "--no-figures"])
+        == 0
+    )
     directory = run / "forecast" / "test-ckpt_latest-lead12h-every6h-zarr"
     forecast = json.loads((directory / "scores.json").read_text())
     assert forecast["climatology"]["kind"] == "day_of_year_and_hour"  # the import's stats/climatology.zarr
@@ -47,6 +50,7 @@ def test_score_gives_the_forecasts_own_scores(tmp_path):
         str(store),
         "--climatology",
         str(climatology),
+        "--no-figures",
     ]
     assert main(argv) == 0
     scored = json.loads((directory / "score-forecast" / "scores.json").read_text())

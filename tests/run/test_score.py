@@ -110,7 +110,7 @@ def test_a_forecast_offset_from_the_truth_has_that_bias_and_rmse(truth_store, tm
 
 def test_persistence_is_the_truth_at_each_initial_time(truth_store, tmp_path):
     forecast = offset_forecast(truth_store, tmp_path / "offset.nc", OFFSETS)  # a netCDF file this time
-    document = dlscale.score(forecast, truth_store, out=tmp_path / "scores")
+    document = dlscale.score(forecast, truth_store, out=tmp_path / "scores", figures=False)
     assert document["persistence"] == "the truth at each initial time"
     field = truth_field(truth_store, "t2m").values  # 6-hourly states; initial times every 12 h from the first
     for lead_index, hours in enumerate(LEADS_HOURS):
@@ -132,7 +132,7 @@ def test_a_comparison_scores_each_forecast_as_alone_on_their_common_times_and_le
     assert compared["initial_time_count"] == 3
     assert "3 initial times and 2 leads all 2 forecasts have" in compared["common"]
     for label, path in (("first", first), ("other", second)):
-        alone = dlscale.score(path, truth_store, out=tmp_path / f"alone-{label}")
+        alone = dlscale.score(path, truth_store, out=tmp_path / f"alone-{label}", figures=False)
         for measure in ("rmse", "bias"):
             for channel in CHANNELS:
                 np.testing.assert_allclose(
@@ -193,7 +193,9 @@ def test_the_acc_against_a_climatology_is_numpys(truth_store, tmp_path):
     latitude, longitude = grid(HEIGHT, WIDTH)
     # South to north, as WeatherBench2's stores: found on the forecast's grid by coordinates.
     climatology = climatology_store(tmp_path / "clim.zarr", latitude[::-1], longitude)
-    document = dlscale.score(forecast, truth_store, climatology=climatology, out=tmp_path / "scores")
+    document = dlscale.score(
+        forecast, truth_store, climatology=climatology, out=tmp_path / "scores", figures=False
+    )
     assert document["climatology"]["kind"] == "day_of_year_and_hour"
     assert document["forecasters"] == ["model", "persistence", "climatology"]
     weights = np.cos(np.deg2rad(latitude))[None, :, None]

@@ -22,6 +22,7 @@ def run_forecast(args: argparse.Namespace) -> int:
         climatology=args.climatology,
         members=args.members,
         perturb=args.perturb,
+        figures=args.figures,
         checkpoint=args.checkpoint,
         overrides=args.set,
     )

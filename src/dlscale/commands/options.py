@@ -221,7 +221,18 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
         help="how an ensemble's members differ: initial-state noise of SCALE x each channel's standard deviation, "
         "correlated over LENGTH_KM (default 500 km; 0: white noise), or the model's dropout kept on",
     )
+    add_figures_switch(parser)
     add_trained_config_changes(parser, "data.root=/scratch/era5 or train.amp_mode=bf16")
+
+
+def add_figures_switch(parser: argparse.ArgumentParser) -> None:
+    """``--no-figures``: scores.json and scores.csv without the PNGs (seconds each), for loops of many runs."""
+    parser.add_argument(
+        "--no-figures",
+        dest="figures",
+        action="store_false",
+        help="write scores.json and scores.csv without the figures (PNGs take seconds each)",
+    )
 
 
 def add_score_arguments(parser: argparse.ArgumentParser) -> None:
@@ -263,6 +274,7 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
         "table (a forecaster per forecast in scores.csv) and one skill figure (deterministic forecasts only: an "
         "ensemble, with a number dimension, is scored alone)",
     )
+    add_figures_switch(parser)
 
 
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:

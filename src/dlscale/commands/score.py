@@ -17,5 +17,12 @@ def run_score(args: argparse.Namespace) -> int:
     """0 once the scores are printed and written; errors a user can fix are raised as DlscaleErrors."""
     from dlscale import api  # torch and the scoring code: after the early checks
 
-    api.score(args.forecast, args.truth, climatology=args.climatology, out=args.out, compare=args.compare)
+    api.score(
+        args.forecast,
+        args.truth,
+        climatology=args.climatology,
+        out=args.out,
+        compare=args.compare,
+        figures=args.figures,
+    )
     return 0

@@ -96,6 +96,7 @@ class ForecastOptions:
     climatology: str | None = None
     members: int = 1  # an ensemble's members, the control (the deterministic forecast) included
     perturb: str | None = None  # how the members differ: gaussian:SCALE[:LENGTH_KM] or dropout
+    figures: bool = True  # the PNGs beside scores.json (seconds each; a loop of forecasts may not want them)
 
 
 @dataclass
@@ -255,7 +256,9 @@ def _forecast(
     document = forecast_document(rollout, trajectories, identity, [start.describe() for start in starts])
 
     def write() -> None:
-        written = _write(output_dir, document, rollout, trajectories, starts, options.write, options.names)
+        written = _write(
+            output_dir, document, rollout, trajectories, starts, options.write, options.names, options.figures
+        )
         log_forecast(document, written)
 
     # Rank 0's document (with the files it wrote) on every rank.
@@ -323,10 +326,12 @@ def _write(
     starts: list[ForecastStart],
     fmt: str | None,
     names: str = "wb2",
+    draw: bool = True,
 ) -> list[Path]:
-    """Write the forecast's directory in one piece (an earlier one stays as it was if this fails)."""
-    figures = score_figures(document)
-    if rollout.maps is not None and rollout.maps.leads:
+    """Write the forecast's directory in one piece (an earlier one stays as it was if this fails); ``draw``: with
+    the figures."""
+    figures = score_figures(document) if draw else {}
+    if draw and rollout.maps is not None and rollout.maps.leads:
         channel = map_channel(document["headline_channels"])
         figures[MAPS_FIGURE] = maps_figure(rollout.maps, trajectories, channel, trajectories.step_hours)
 

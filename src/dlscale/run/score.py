@@ -132,9 +132,10 @@ def score_forecasts(
     truth: str | Path,
     climatology: str | Path | None = None,
     out: str | Path | None = None,
+    figures: bool = True,
 ) -> ScoreResult:
     """Score ``forecasts`` (paths, or ``LABEL=PATH``; several: a comparison) against ``truth`` (see the module's
-    docstring); bad input raises a DlscaleError before anything is written."""
+    docstring); bad input raises a DlscaleError before anything is written. ``figures``: draw the PNGs."""
     chosen = str(climatology) if climatology is not None else None
     named, directory = check_score_inputs([str(f) for f in forecasts], str(truth), chosen, out)
     with early_logging(True):
@@ -146,7 +147,7 @@ def score_forecasts(
             _check_no_ensemble_compared(named, files)
             channels = _common_channels(named, files)
             store = TruthStore.open(str(truth), channels, files[0].latitudes, files[0].longitudes)
-            return _score(named, files, store, str(truth), chosen, directory)
+            return _score(named, files, store, str(truth), chosen, directory, figures)
         finally:
             for file in files:
                 file.close()
@@ -161,6 +162,7 @@ def _score(
     truth: str,
     climatology_path: str | None,
     directory: Path,
+    figures: bool = True,
 ) -> ScoreResult:
     began = time.perf_counter()
     lined = _line_up(named, files, store)
@@ -207,7 +209,8 @@ def _score(
     document = forecast_document(rollout, grid, identity, initial_times)  # type: ignore[arg-type]
     document.pop("throughput")
     document["seconds"] = rollout.seconds
-    written = write_scores_directory(directory, document, score_figures(document), "the scores")
+    drawn = score_figures(document) if figures else {}
+    written = write_scores_directory(directory, document, drawn, "the scores")
     for line in headline_lines(document):
         log.info("  %s", line)
     log.info("Scores written to %s (%s)", directory, ", ".join(path.name for path in written))
