@@ -210,3 +210,17 @@ def test_the_first_non_finite_lead_of_any_rank_is_the_sums():
     sum_rollout_across_ranks(blowing_up, lambda flat: shared.setdefault("flat", flat.clone()), CPU)
     sum_rollout_across_ranks(calm, lambda flat: flat.add_(shared["flat"]), CPU)
     assert calm.first_nonfinite_lead == 2
+
+
+def test_a_ratio_without_error_is_undefined_not_infinite(recwarn):
+    """Members that all start from the truth (dropout's at lead 0) have no ensemble-mean error there: both
+    spread/skill ratios are NaN (null in scores.json), without a division warning."""
+    from dlscale.report.ensemble_report import ensemble_entry
+
+    alike = ensemble(perturb=lambda starts, state: state.unsqueeze(1).expand(-1, MEMBERS - 1, -1, -1, -1))
+    rollout = roll(alike)
+    entry = ensemble_entry(rollout.ensemble, WaveTrajectories.channel_names, 1.0, STEPS)
+    for key in ("spread_skill", "spread_skill_uncorrected"):
+        assert np.isnan(entry[key]["a"][0])
+        assert entry[key]["a"][1] == 0.0  # no spread, some error: 0
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.report.forecast_selection import lead_text, report_leads
+from dlscale.scoring.ensemble_scores import EnsembleScores
 from dlscale.scoring.rollout import ENSEMBLE, MODEL, EnsembleRollout
 
 RANK_HISTOGRAM_DAYS = (1, 3, 5)  # the leads whose rank histograms are kept (those the rollout reaches)
@@ -76,10 +77,18 @@ def ensemble_entry(
         "deterministic_crps": per_channel(ensemble.control.crps()),
         "spread": per_channel(scores.spread()),
         "spread_skill": per_channel(scores.spread_skill_ratio()),
-        "spread_skill_uncorrected": per_channel(scores.spread() / scores.ensemble_mean_rmse()),
+        "spread_skill_uncorrected": per_channel(_uncorrected_ratio(scores)),
         "rank_histograms": histograms,
         "conventions": ENSEMBLE_CONVENTIONS,
     }
+
+
+def _uncorrected_ratio(scores: EnsembleScores) -> np.ndarray:
+    """WeatherBench2's plain spread / ensemble-mean RMSE; NaN where the mean has no error (dropout members at
+    lead 0 all start from the truth)."""
+    skill = scores.ensemble_mean_rmse()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(skill > 0, scores.spread() / skill, np.nan)
 
 
 def ensemble_cells(document: dict[str, Any], forecaster: str, channel: str, lead: int) -> list[float | None]:
