@@ -165,8 +165,8 @@ def forecast(
     (``pandas.read_csv(".../scores.csv")``, or ``--write netcdf`` for the forecasts themselves, which xarray
     opens). Rank 0 writes ``<run dir>/forecast/<split>-<checkpoint>/`` with the default options, and a directory
     of its own for other options (``test-ckpt_latest-lead2d-init8``; see :mod:`dlscale.run.results_directory`):
-    ``doc["output_dir"]`` is the directory, ``doc["options"]`` what was asked for. One process (not under
-    torchrun).
+    ``doc["output_dir"]`` is the directory, ``doc["options"]`` what was asked for. Under torchrun the ranks share
+    the initial times, and every rank returns rank 0's document.
 
     ``write="netcdf"`` or ``"zarr"`` also writes the forecasts, in WeatherBench2's layout (``names="wb2"``:
     ``geopotential`` with a ``level`` dimension, ``2m_temperature``, ...; see

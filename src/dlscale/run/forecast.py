@@ -6,7 +6,7 @@ any layout's checkpoint, the run's config with ``--set`` changes). The workload 
 input, in inference mode with the run's precision, a batch of initial times at a time, scored against the
 climatology :mod:`dlscale.run.forecast_climatology` chooses. Everything that can be checked is checked before the
 first step (the split, the lead against the data's reach, the initial times, the output format and its memory,
-the climatology at every valid time); rank 0 of one process writes ``forecast/<split>-<checkpoint>[-<options>]/`` at
+the climatology at every valid time); rank 0 writes ``forecast/<split>-<checkpoint>[-<options>]/`` at
 the end, in one piece (see :mod:`dlscale.report.forecast_report`; the name has a part per option that differs
 from its default, see :mod:`dlscale.run.results_directory`).
 
