@@ -225,6 +225,36 @@ def test_read_batch_is_the_samples_stacked_and_normalized_as_numpy_does_bitwise(
         assert torch.equal(sample[0], inputs[row]) and torch.equal(sample[1], targets[row])
 
 
+@pytest.mark.parametrize("read_method", ["hdf5", "mmap"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_read_states_reads_one_state_each_any_time_index_bitwise(
+    tmp_path, read_method, normalize, monkeypatch
+):
+    """A rollout's truth and a multi-step sample's leads: one state per place (the last dt of a file too), the
+    values read_batch gives its inputs, with one HDF5 read per state instead of an input-and-target pair."""
+    write_split(tmp_path, "train")
+    means, stds = np.array([1.5, -2.25, 300.0, 5.0]), np.array([2.0, 0.3, 10.0, 7.0])
+    write_stats(tmp_path, means, stds)
+    ds = ERA5Dataset(
+        make_cfg(tmp_path, img_size=(4, 7), dt=2, read_method=read_method), "train", normalize=normalize
+    )
+    last = STEPS[0] - 1  # beyond the last sample's input: only a target reaches it
+    places = [(1, 0), (0, last), (2, STEPS[2] - 2), (0, 3), (0, 3)]
+    CountingSlabReader.reads = 0
+    monkeypatch.setattr(era5_module, "SlabReader", CountingSlabReader)
+    states = ds.read_states(places)
+    assert states.shape == (len(places), C, 4, 7) and states.dtype == torch.float32
+    if read_method == "hdf5":
+        assert CountingSlabReader.reads == len(places)
+    for row, (f, t) in enumerate(places):
+        want = expected_field(f, t)[:, :4, :7]
+        if normalize:
+            want = normalized_in_numpy(want, means, stds)
+        np.testing.assert_array_equal(states[row].numpy(), want)
+    with pytest.raises(DataError, match="time index"):
+        ds.read_states([(0, STEPS[0])])
+
+
 class CountingSlabReader(era5_module.SlabReader):
     reads = 0
 

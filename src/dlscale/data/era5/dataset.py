@@ -231,6 +231,35 @@ class ERA5Dataset(Dataset):
             except Exception as exc:
                 raise self._read_error(file_index, t, exc) from exc
 
+    def read_states(self, places: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """(N, n_in, H, W) float32: the input channels of each (file index, time index) of ``places``, one state
+        each, normalized as inputs when this data set normalizes (rollouts read states one at a time: a pair
+        read would read each twice). Any time index of the file, the last ``dt`` ones too."""
+        cfg = self.cfg
+        n_in, (height, width) = cfg.n_in_channels, cfg.img_size
+        out = torch.empty((len(places), n_in, height, width), dtype=torch.float32)
+        readers: dict[int, SlabReader] = {}
+        checked: set[int] = set()
+        for row, (file_index, t) in enumerate(places):
+            try:
+                mapped = self._mapped(file_index) if self.read_method == "mmap" else None
+                reader = readers.get(file_index)
+                if mapped is None and reader is None:
+                    reader = readers[file_index] = SlabReader(self._fields(file_index), out.numpy())
+                if file_index not in checked:
+                    self._check_not_shrunk(file_index)
+                    checked.add(file_index)
+                if mapped is not None:
+                    out[row].copy_(mapped.tensor[t, :n_in, :height, :width])
+                else:
+                    block = (1, n_in, height, width)
+                    reader.read((t, 0, 0, 0), block, (1, 1, 1, 1), (row, 0, 0, 0), block)
+            except Exception as exc:
+                raise self._read_error(file_index, t, exc) from exc
+        if self.normalize:
+            self._normalizer.normalize_as_inputs_(out)
+        return out
+
     def _read_error(self, file_index: int, t: int, exc: Exception) -> DataError:
         dt = self.cfg.dt
         return DataError(

@@ -69,7 +69,6 @@ class ERA5Trajectories:
         self._stds = normalizer.input_stds
         self.files = normalized.files
         self.steps_per_file = [count + self.cfg.dt for count in normalized.samples_per_file]
-        self._first_sample = np.cumsum([0, *normalized.samples_per_file[:-1]])
         n = self.cfg.n_in_channels
         self.channel_names = tuple(normalized.channel_names[:n])
         known = quantities or {}
@@ -99,29 +98,18 @@ class ERA5Trajectories:
         return (self.steps_per_file[start.trajectory] - 1 - start.step) // self.cfg.dt
 
     def states(self, starts: Sequence[ForecastStart], lead: int) -> torch.Tensor:
-        # The state at time index t is the input of sample t, or the target of sample t - dt for the last dt
-        # indices of a file (which no sample reads as its input).
         dt = self.cfg.dt
-        height, width = self.cfg.img_size
-        out = torch.empty((len(starts), len(self.channel_names), height, width), dtype=torch.float32)
-        as_input, as_target = [], []
-        for row, start in enumerate(starts):
+        places = []
+        for start in starts:
             t = start.step + lead * dt
             if not 0 <= t < self.steps_per_file[start.trajectory]:
                 raise DataError(
                     f"{self.files[start.trajectory]}: time index {t} is beyond the file's "
                     f"{self.steps_per_file[start.trajectory]} states"
                 )
-            first = int(self._first_sample[start.trajectory])
-            if t < self.steps_per_file[start.trajectory] - dt:
-                as_input.append((row, first + t))
-            else:
-                as_target.append((row, first + t - dt))
-        for pairs, half in ((as_input, 0), (as_target, 1)):
-            if pairs:
-                rows, samples = zip(*pairs, strict=True)
-                out[list(rows)] = self._raw.read_batch(list(samples))[half]
-        return out
+            places.append((start.trajectory, t))
+        # One state per start (a rollout's truth, a multi-step sample's leads), not an input-and-target pair.
+        return self._raw.read_states(places)
 
     def normalize(self, states: torch.Tensor) -> torch.Tensor:
         return (states - self._means.to(states.device)) / self._stds.to(states.device)
