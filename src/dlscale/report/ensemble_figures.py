@@ -19,10 +19,10 @@ from matplotlib.ticker import MaxNLocator
 
 from dlscale.report.forecast_figures import (
     PANEL_INCHES,
-    _floats,
-    _wrapped_title,
+    float_array,
     forecaster_styles,
     origin_text,
+    set_wrapped_title,
 )
 from dlscale.report.forecast_selection import lead_text
 from dlscale.scoring.rollout import ENSEMBLE, MODEL
@@ -74,20 +74,20 @@ def ensemble_figure(document: dict[str, Any]) -> Figure:
         unit = document["units"].get(name, "")
         in_unit = f" [{unit}]" if unit else ""
 
-        plot(crps_axis, _floats(entry["crps"][name]), ensemble_colour, "-", "ensemble CRPS")
-        plot(crps_axis, _floats(entry["deterministic_crps"][name]), control_colour, "-", "control's MAE")
+        plot(crps_axis, float_array(entry["crps"][name]), ensemble_colour, "-", "ensemble CRPS")
+        plot(crps_axis, float_array(entry["deterministic_crps"][name]), control_colour, "-", "control's MAE")
         crps_axis.set_title(name)
         crps_axis.set_ylabel(f"CRPS{in_unit}")
 
-        rmse = _floats(document["scores"][ENSEMBLE]["rmse"][name])
+        rmse = float_array(document["scores"][ENSEMBLE]["rmse"][name])
         plot(spread_axis, rmse, ensemble_colour, "-", "ensemble mean's RMSE")
-        spread = correction * _floats(entry["spread"][name])
+        spread = correction * float_array(entry["spread"][name])
         plot(spread_axis, spread, ensemble_colour, "--", f"spread x sqrt({members + 1}/{members})")
         spread_axis.set_ylabel(f"RMSE and spread{in_unit}")
 
         ratio_axis.axhspan(low, high, color="C2", alpha=0.12, linewidth=0, label=f"{low:g} to {high:g}")
         ratio_axis.axhline(1.0, color="black", linewidth=0.8, label="calibrated: 1")
-        plot(ratio_axis, _floats(entry["spread_skill"][name]), ensemble_colour, "-", "spread/skill")
+        plot(ratio_axis, float_array(entry["spread_skill"][name]), ensemble_colour, "-", "spread/skill")
         ratio_axis.set_ylabel("spread/skill ratio")
         ratio_axis.set_xlabel(f"lead time [{'hours' if in_hours else 'days'}]")
         for axis in (crps_axis, spread_axis, ratio_axis):
@@ -98,7 +98,7 @@ def ensemble_figure(document: dict[str, Any]) -> Figure:
         f"{origin_text(document)}: ensemble of {members} members ({entry['perturbation']}); "
         "CRPS, spread and spread/skill (latitude-weighted) by lead time"
     )
-    _wrapped_title(figure, title, width)
+    set_wrapped_title(figure, title, width)
     return figure
 
 
@@ -138,12 +138,12 @@ def rank_histogram_figure(document: dict[str, Any]) -> Figure | None:
         f"{origin_text(document)}: rank histograms of the truth among the {members} members "
         f"(dashed: 1/{members + 1}, flat when calibrated; U: too little spread; piled at one end: a bias)"
     )
-    _wrapped_title(figure, title, width)
+    set_wrapped_title(figure, title, width)
     return figure
 
 
 def _shares(counts: list[int | None]) -> np.ndarray:
     """Counts as shares of their total (NaN where a count is missing, all NaN without any)."""
-    values = _floats(counts)
+    values = float_array(counts)
     total = np.nansum(values)
     return values / total if total > 0 else np.full_like(values, np.nan)

@@ -65,14 +65,14 @@ def bias_figure(document: dict[str, Any]) -> Figure:
         axis.axhline(0.0, color="black", linewidth=0.8)
         for forecaster, (color, style) in styles.items():
             if forecaster != CLIMATOLOGY:
-                bias = _floats(document["scores"][forecaster]["bias"][name])
+                bias = float_array(document["scores"][forecaster]["bias"][name])
                 axis.plot(leads, bias, style, color=color, label=forecaster, marker=marker, markersize=3)
         axis.set_title(name)
         axis.set_xlabel(f"lead time [{'hours' if in_hours else 'days'}]")
         axis.set_ylabel(f"bias, forecast - truth [{unit}]" if unit else "bias, forecast - truth")
         axis.grid(alpha=0.3)
     axes[0].legend(loc="best", fontsize="small")
-    _wrapped_title(figure, f"{origin_text(document)}: mean error (latitude-weighted) by lead time", width)
+    set_wrapped_title(figure, f"{origin_text(document)}: mean error (latitude-weighted) by lead time", width)
     return figure
 
 
@@ -99,7 +99,7 @@ def spectra_figure(document: dict[str, Any]) -> Figure | None:
         for kind, colours in (("truth", "Greys"), (MODEL, "Blues")):
             colour_map = matplotlib.colormaps[colours]
             for shade, (index, hours) in zip(shades, chosen, strict=True):
-                energy = _floats(spectra[kind]["energy"][name][index])
+                energy = float_array(spectra[kind]["energy"][name][index])
                 axis.plot(
                     wavenumbers[shown],
                     energy[shown],
@@ -130,7 +130,7 @@ def spectra_figure(document: dict[str, Any]) -> Figure | None:
         f"{origin_text(document)}: zonal energy spectra of the rows at {low:g} to {high:g} deg N and S "
         f"(shaded: the small scales, k > {largest / 2:g})"
     )
-    _wrapped_title(figure, title, width)
+    set_wrapped_title(figure, title, width)
     return figure
 
 
@@ -153,7 +153,7 @@ def _wavelength(spectra: dict[str, Any]):
     return convert
 
 
-def _wrapped_title(figure: Figure, title: str, width: float) -> None:
+def set_wrapped_title(figure: Figure, title: str, width: float) -> None:
     """The figure's title, wrapped to its ``width`` in inches (about 0.65 em per character of the 12-point
     font)."""
     figure.suptitle("\n".join(textwrap.wrap(title, width=int(width * 72 / (0.65 * 12)))))
@@ -163,5 +163,6 @@ def _size(panels: int) -> tuple[float, float]:
     return (max(PANEL_INCHES[0] * panels, 6.0), PANEL_INCHES[1] + 0.8)
 
 
-def _floats(values: Sequence[float | None]) -> np.ndarray:
+def float_array(values: Sequence[float | None]) -> np.ndarray:
+    """A document's list of scores as float64, None (JSON's NaN) as NaN: a gap in a line."""
     return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
