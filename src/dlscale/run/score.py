@@ -63,7 +63,6 @@ from dlscale.run.forecast_climatology import choose_climatology
 from dlscale.run.score_inputs import NamedForecast, check_score_inputs
 from dlscale.runtime.strict_json import to_json
 from dlscale.scoring.climatologies import Climatology
-from dlscale.scoring.ensemble_scores import EnsembleScores
 from dlscale.scoring.rollout import (
     ENSEMBLE,
     MODEL,
@@ -289,11 +288,7 @@ def _ensemble_rollout(
     )
     if file.perturbation:
         description = f"{file.perturbation}; {description}"
-    return EnsembleRollout(
-        EnsembleScores(n_leads, n_channels, file.member_count, latitudes),
-        EnsembleScores(n_leads, n_channels, 1, latitudes),
-        description,
-    )
+    return EnsembleRollout.empty(n_leads, n_channels, file.member_count, latitudes, description=description)
 
 
 def _check_no_ensemble_compared(named: list[NamedForecast], files: list[ForecastFile]) -> None:

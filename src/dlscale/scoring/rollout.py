@@ -61,6 +61,23 @@ class EnsembleRollout:
     control: EnsembleScores
     description: str = ""  # how the members differ (EnsembleMembers.description)
 
+    @classmethod
+    def empty(
+        cls,
+        n_leads: int,
+        n_channels: int,
+        members: int,
+        latitudes: np.ndarray,
+        seed: int = 0,
+        description: str = "",
+    ) -> EnsembleRollout:
+        """Empty sums for an ensemble of ``members`` and for its first member alone."""
+        return cls(
+            EnsembleScores(n_leads, n_channels, members, latitudes, seed),
+            EnsembleScores(n_leads, n_channels, 1, latitudes),
+            description,
+        )
+
 
 @dataclass
 class RolloutMaps:
@@ -127,10 +144,8 @@ def roll_out(
     ensemble = None
     if members is not None:
         latitudes = trajectories.latitudes
-        ensemble = EnsembleRollout(
-            EnsembleScores(n_leads, n_channels, members.count, latitudes, members.seed),
-            EnsembleScores(n_leads, n_channels, 1, latitudes),
-            members.description,
+        ensemble = EnsembleRollout.empty(
+            n_leads, n_channels, members.count, latitudes, members.seed, members.description
         )
     spectra = ZonalSpectra.for_grid(n_leads, n_channels, trajectories.latitudes, trajectories.longitudes)
     grid = (n_channels, len(trajectories.latitudes), len(trajectories.longitudes))
