@@ -113,6 +113,10 @@ class EnsembleScores:
         counts = torch.bincount(flat, minlength=n_channels * n_bins)
         return counts.view(n_channels, n_bins).cpu().numpy()
 
+    def running_sums(self) -> list[np.ndarray]:
+        """Every running sum and count, the arrays themselves (ranks add them up)."""
+        return [self.mean_mse_sum, self.crps_sum, self.variance_sum, self.rank_counts, self.count]
+
     def ensemble_mean_rmse(self) -> np.ndarray:
         """(leads, C): the square root of the mean over initial times of the ensemble mean's weighted MSE."""
         return self._time_mean(self.mean_mse_sum, sqrt=True)

@@ -70,6 +70,11 @@ class ForecastScores:
             self.acc_sum[lead] += torch.where(defined, acc, 0.0).double().sum(dim=0).cpu().numpy()
             self.acc_count[lead] += defined.sum(dim=0).cpu().numpy()
 
+    def running_sums(self) -> list[np.ndarray]:
+        """Every running sum and count, the arrays themselves: what ranks that scored different initial times add
+        up (:mod:`dlscale.scoring.rollout_ranks`)."""
+        return [self.mse_sum, self.error_sum, self.acc_sum, self.acc_count, self.count]
+
     def rmse(self) -> np.ndarray:
         """(leads, C): the square root of the mean over initial times of each time's weighted MSE."""
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -42,18 +42,9 @@ def sum_rollout_across_ranks(
 
 def _sums(rollout: Rollout) -> list[np.ndarray]:
     """Every running sum and count of ``rollout``, the arrays themselves (updated in place)."""
-    arrays: list[np.ndarray] = []
-    for scores in rollout.scores.values():
-        arrays += [scores.mse_sum, scores.error_sum, scores.acc_sum, scores.acc_count, scores.count]
+    holders = [*rollout.scores.values()]
     if rollout.ensemble is not None:
-        for ensemble in (rollout.ensemble.members, rollout.ensemble.control):
-            arrays += [
-                ensemble.mean_mse_sum,
-                ensemble.crps_sum,
-                ensemble.variance_sum,
-                ensemble.rank_counts,
-                ensemble.count,
-            ]
+        holders += [rollout.ensemble.members, rollout.ensemble.control]
     if rollout.spectra is not None:
-        arrays += [rollout.spectra.forecast_sum, rollout.spectra.truth_sum, rollout.spectra.count]
-    return arrays
+        holders.append(rollout.spectra)
+    return [array for holder in holders for array in holder.running_sums()]

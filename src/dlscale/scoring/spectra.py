@@ -150,6 +150,10 @@ class ZonalSpectra:
         with np.errstate(invalid="ignore", divide="ignore"):
             return sums / self.count[:, None, None]
 
+    def running_sums(self) -> list[np.ndarray]:
+        """Every running sum and count, the arrays themselves (ranks add them up)."""
+        return [self.forecast_sum, self.truth_sum, self.count]
+
     def small_scale_ratio(self) -> np.ndarray:
         """(leads, C): the forecast's energy over the truth's in the upper half of the non-zero wavenumbers
         (``k > K/2``); 1: as sharp as the truth, below 1: blurred; NaN where the truth has none there."""
