@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -167,14 +168,12 @@ def sum_across_ranks_(tensor: torch.Tensor, group: Any = None) -> None:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
 
 
-def gather_rows_to_main(rows: Any, counts: list[int], device: Device) -> Any:
+def gather_rows_to_main(rows: np.ndarray, counts: list[int], device: Device) -> np.ndarray | None:
     """Every rank's ``rows`` (a numpy array, ``counts[rank]`` rows along its first dimension, the other
     dimensions alike on every rank) concatenated in rank order on rank 0; None on the other ranks. Row by row
     through the device (NCCL sends device tensors), so no rank holds more than its own rows and one more."""
     if not is_distributed():
         return rows
-    import numpy as np
-
     rank, target = dist.get_rank(), device.torch
     if rank != 0:
         with _entered("send (rows to rank 0)"):
