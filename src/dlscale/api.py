@@ -205,6 +205,8 @@ def score(
     out: str | Path | None = None,
     compare: Sequence[str | Path] = (),
     figures: bool = True,
+    channels: str | Sequence[str] | None = None,
+    times: str | None = None,
 ) -> dict[str, Any]:
     """``dlscale score``: score ``forecast`` (a zarr store or netCDF file in WeatherBench2's layout, or
     ``"LABEL=PATH"``), and each of ``compare`` beside it, against ``truth`` (a store ``import-era5`` reads),
@@ -217,11 +219,14 @@ def score(
     forecast) in one piece. An ensemble (a ``number`` dimension) is scored alone, as :func:`forecast` scores
     one: its control (number 0) is ``"model"``, the members' mean ``"ensemble"``, and ``doc["ensemble"]`` holds
     the CRPS, spread, spread/skill and rank histograms; ``compare`` with an ensemble is refused. See
-    :mod:`dlscale.run.score`. ``figures=False``: the scores without the PNGs.
+    :mod:`dlscale.run.score`. ``figures=False``: the scores without the PNGs. ``channels`` (``"z500,t850"`` or a
+    list): score exactly these; ``times`` (``"2018-01-01..2018-12-31"``): the initial times from the first date to
+    the last; without them, what cannot be scored is left out and said, and less than half of the forecast's
+    channels or initial times left is refused.
     """
     if isinstance(compare, (str, Path)):
         compare = [compare]
-    return score_forecasts([forecast, *compare], truth, climatology, out, figures).document
+    return score_forecasts([forecast, *compare], truth, climatology, out, figures, channels, times).document
 
 
 def tune(

@@ -58,6 +58,10 @@ BAD_COMMANDS = {
         ["train", "--yaml_config", YAML, "--set", "optim.lr=abc", "--dry_run"],
         "expected a number",
     ),
+    "rollout keys together": (
+        ["train", "--yaml_config", YAML, "--set", "rollout_steps=4", "--set", "rollout_schedule=step 0=2"],
+        "train.rollout_steps: 4 and train.rollout_schedule 'step 0=2' are both given",
+    ),
     "bad sweep": (["bench", "--yaml_config", YAML, "--sweep", "bad"], "--sweep 'bad': expected KEY=v1,v2"),
     "bad sweep value": (["bench", "--yaml_config", YAML, "--sweep", "optim.lr=a,b"], "--set optim.lr=a"),
     "bad tune budget": (["tune", "--yaml_config", YAML, "--budget", "-1"], "--budget: must be"),
@@ -83,6 +87,19 @@ BAD_COMMANDS = {
     "bad init": (["forecast", "RUN", "--init", "every:3x"], "--init every: '3x': expected a duration"),
     "bad init date": (["forecast", "RUN", "--init", "2018-13-45"], "--init: '2018-13-45' is neither"),
     "no initial times": (["forecast", "RUN", "--init-count", "0"], "--init-count 0: expected a number"),
+    "zero lead": (["forecast", "RUN", "--lead", "0h"], "--lead 0h: expected a positive duration"),
+    "huge perturbation": (
+        ["forecast", "RUN", "--members", "4", "--perturb", "gaussian:1e30"],
+        "SCALE 1e+30 is beyond 10 standard deviations",
+    ),
+    "tiny perturbation": (
+        ["forecast", "RUN", "--members", "4", "--perturb", "gaussian:1e-12"],
+        "SCALE 1e-12 is below 1e-06 standard deviations",
+    ),
+    "perturbation longer than the Earth": (
+        ["forecast", "RUN", "--members", "4", "--perturb", "gaussian:0.1:25000"],
+        "LENGTH_KM 25000 is beyond half the Earth's",
+    ),
     "names without a file": (
         ["forecast", "RUN", "--names", "short"],
         "--names short: names the variables of",

@@ -5,6 +5,7 @@ a directory of its own; dropout members for a model with dropout; bad input one 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import shutil
@@ -100,6 +101,12 @@ def test_dropout_members_differ_and_their_control_is_the_deterministic_forecast(
         (["--members", "0", "--perturb", "gaussian:0.1"], "--members 0: expected a number of members >= 1"),
         (["--members", "4", "--perturb", "gaussian:-0.5"], "SCALE must be a number above 0"),
         (["--members", "4", "--perturb", "gaussian:nan"], "SCALE must be a finite number"),
+        (["--members", "4", "--perturb", "gaussian:1e30"], "SCALE 1e+30 is beyond 10 standard deviations"),
+        (
+            # once a numpy MemoryError traceback after the model was loaded: the rank histograms alone are 48 GB
+            ["--members", "100000000", "--perturb", "gaussian:0.1"],
+            "--members 100000000: the ensemble needs ",
+        ),
         (["--members", "4"], "an ensemble needs --perturb"),
         (["--perturb", "gaussian:0.1"], "add --members N"),
         (
@@ -117,3 +124,34 @@ def test_bad_ensemble_input_is_one_line_exit_2_and_nothing_written(
     err = capsys.readouterr().err.strip()
     assert message in err and "Traceback" not in err
     assert not (target / "forecast").exists()
+
+
+def test_members_that_blow_up_are_named_in_the_warning_and_the_control_stays_the_models(
+    era5_run, deterministic, capsys, monkeypatch
+):
+    import dlscale.run.forecast as forecast_module
+
+    made = forecast_module.ensemble_members
+
+    def with_member_2_infinite(*args, **kwargs):
+        members = made(*args, **kwargs)
+
+        def perturb(starts, state):
+            states = members.perturb(starts, state).clone()
+            states[:, 1] = float("inf")  # member 2 (the control is member 0, not perturbed)
+            return states
+
+        return dataclasses.replace(members, perturb=perturb)
+
+    monkeypatch.setattr(forecast_module, "ensemble_members", with_member_2_infinite)
+    capsys.readouterr()
+    document = dlscale.forecast(era5_run, **SHORT, members=4, perturb="gaussian:0.1", figures=False)
+    logged = capsys.readouterr()
+    logged = logged.out + logged.err
+    assert document["ensemble"]["nonfinite_members"] == [2]
+    assert document["ensemble"]["nonfinite_members_from_lead_hours"] == 0.0
+    assert document["nonfinite_from_lead_hours"] is None  # the model's own forecast is finite
+    assert document["scores"]["model"] == deterministic["scores"]["model"]
+    assert "The ensemble's member 2 holds NaN or infinite values from lead 0d on (of 4 members)" in logged
+    assert "while the control (member 0, the model's own forecast) stays finite" in logged
+    assert "The model's forecast holds NaN" not in logged

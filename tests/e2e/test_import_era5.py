@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -17,9 +18,12 @@ pytest.importorskip("xarray")
 pytest.importorskip("zarr")
 
 from era5_stores import random_truth, six_hourly_times, write_arco, write_cds, write_wb2  # noqa: E402
+from mounted_disks import mounted_tmpfs  # noqa: E402
 
 from dlscale.cli import main  # noqa: E402
+from dlscale.data.era5.importing.importer import IMPORT_LOCK  # noqa: E402
 from dlscale.data.era5.layout import ERA5_CHANNELS  # noqa: E402
+from dlscale.runtime.output_directory import OutputDirectoryLock  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "vit_era5.yaml"
@@ -156,3 +160,110 @@ def test_the_documented_commands_run_as_written_on_stores_of_their_schemas(tmp_p
         out = Path(argv[argv.index("--out") + 1])
         assert (out / "manifest.json").is_file() and (out / "stats" / "time_means.npy").is_file(), argv
         assert "next step: dlscale train" in capsys.readouterr().out
+
+
+# --- full disks, a second import at once, the climatology's missing days ----------------------------------------
+
+
+def import_command(source: Path, out: Path) -> list[str]:
+    return [
+        "data",
+        "import-era5",
+        str(source),
+        "--out",
+        str(out),
+        "--split",
+        SYNTH_SPLIT,
+        "--progress",
+        "none",
+    ]
+
+
+def leftovers(directory: Path) -> list[str]:
+    """The temporaries of atomic writes (files and directories) anywhere under ``directory``."""
+    return sorted(str(path) for path in directory.rglob("*") if ".tmp-" in path.name or ".old-" in path.name)
+
+
+@pytest.mark.parametrize(
+    ("size", "stage"),
+    [("1500k", "a year file"), ("5m", "the climatology")],  # 4 year files of ~1 MB fit in 5 MB, not the store
+)
+def test_a_full_disk_is_one_line_exit_74_naming_out_and_leaves_no_temporary(
+    arco_of_synthetic, tmp_path, capsys, size, stage
+):
+    out = tmp_path / "era5"
+    with mounted_tmpfs(out, f"size={size}"):
+        assert main(import_command(arco_of_synthetic, out)) == 74, stage
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and "No space left on device (ENOSPC)" in error[0], error
+        assert error[0].endswith("the disk is full: free some space or choose another --out"), error
+        assert leftovers(out) == []
+        if stage == "a year file":  # said before the first file, not when the disk fills in a file's middle
+            assert ": cannot write the 4 year files to import: " in error[0] and "needed" in error[0], error
+            assert not list(out.rglob("*.h5"))
+        if stage == "the climatology":  # the year files are kept, and a rerun with room would continue
+            assert "/stats/climatology.zarr: cannot write the climatology" in error[0]
+            assert len(list(out.glob("*/*.h5"))) == 4 and not (out / "stats" / "climatology.zarr").exists()
+
+
+def test_an_out_inside_the_source_store_is_refused_and_nothing_written(arco_of_synthetic, capsys):
+    before = sorted(path.name for path in arco_of_synthetic.iterdir())
+    for out in (arco_of_synthetic, arco_of_synthetic / "era5"):
+        assert main(import_command(arco_of_synthetic, out)) == 2
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and f"--out {out} is inside the source store" in error[0], error
+    assert sorted(path.name for path in arco_of_synthetic.iterdir()) == before
+
+
+@pytest.mark.parametrize("where", ["out", "its parent"])
+def test_a_read_only_out_is_one_line_exit_74_naming_out(arco_of_synthetic, tmp_path, capsys, where):
+    read_only = tmp_path / "read_only"
+    out = read_only if where == "out" else read_only / "era5"
+    with mounted_tmpfs(read_only, "ro,size=64k"):
+        assert main(import_command(arco_of_synthetic, out)) == 74
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "Read-only file system (EROFS)" in error[0], error
+    assert error[0].endswith("the file system is read-only: choose a writable --out"), error
+
+
+def test_a_second_import_into_the_same_out_while_one_writes_is_refused_with_exit_75(
+    arco_of_synthetic, tmp_path, capsys
+):
+    out = tmp_path / "era5"
+    assert main(import_command(arco_of_synthetic, out)) == 0
+    # OUT as while an import of the same selection writes it: its plan, no manifest, a year file being written.
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "import.json").write_text(
+        json.dumps({"generator": manifest["generator"], "selection": manifest["selection"]})
+    )
+    (out / "manifest.json").unlink()
+    (out / "train" / "1980.h5").unlink()
+    being_written = out / "train" / f".1980.h5.tmp-{os.getpid()}-0a1b2c3d"
+    being_written.write_bytes(b"half a year")
+    capsys.readouterr()
+    with OutputDirectoryLock(out, "--out", lock_file=out / IMPORT_LOCK):
+        assert main(import_command(arco_of_synthetic, out)) == 75
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and f"{out}: another process is writing it now: pid {os.getpid()}" in error[0], (
+        error
+    )
+    # Never taken for a killed import's leftover while its writer runs; nothing else touched either.
+    assert being_written.read_bytes() == b"half a year"
+    assert not (out / "manifest.json").exists() and not (out / "train" / "1980.h5").exists()
+
+
+def test_the_days_of_the_year_the_climatology_lacks_are_named_at_import(arco_of_synthetic, tmp_path, capsys):
+    out = tmp_path / "era5"
+    assert main(import_command(arco_of_synthetic, out)) == 0
+    missing = json.loads((out / "stats" / "climatology.zarr" / ".zattrs").read_text())["days_without_data"]
+    assert missing == list(range(missing[0], missing[-1] + 1))  # the train years hold a few days of January
+    printed = capsys.readouterr().out.splitlines()
+    warnings = [line for line in printed if " WARNING " in line and "no climatology for" in line]
+    assert len(warnings) == 1, printed
+    assert (
+        f"no climatology for {len(missing)} of the 366 days of the year, days {missing[0]}-{missing[-1]} ("
+        in (warnings[0])
+    )
+    assert "stops before its rollout" in warnings[0] and "--climatology time-mean" in warnings[0]
+    assert main(import_command(arco_of_synthetic, out)) == 0  # a rerun keeps the store, and says it again
+    assert sum("no climatology for" in line for line in capsys.readouterr().out.splitlines()) == 1

@@ -335,9 +335,12 @@ def test_weights_only_starts_a_new_run_from_changed_heads(tiny_config, tmp_path)
     assert state["progress"]["global_step"] == 11  # a new run: one epoch from step 0
     assert digests(source.parent) == before
     assert f"Initial weights from {source}" in (run_dir(tuned) / "out.log").read_text()
-    # A weights-only start must not replace a run's own checkpoint (a requeue would lose its progress).
-    with pytest.raises(CheckpointError, match="already holds this run's own checkpoint"):
-        train(tuned)
+    # The same command again continues the run it began (finished: nothing to train, its checkpoints kept),
+    # instead of a new start from step 0 over them; tests/e2e/test_fine_tune_relaunch.py: the other cases.
+    own = digests(run_dir(tuned) / "checkpoints")
+    assert train(tuned) == 0
+    assert digests(run_dir(tuned) / "checkpoints") == own
+    assert "This run already finished (11 steps" in (run_dir(tuned) / "out.log").read_text()
 
 
 # ------------------------------------------------------------------------- a relaunch, and what --resume refuses

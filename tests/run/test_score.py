@@ -274,7 +274,7 @@ def not_netcdf(store: Path, path: Path) -> Path:
 
 BAD_FORECASTS = {
     "no lead dimension": (without_dimension, "forecast.zarr", "has no 'prediction_timedelta' dimension"),
-    "another grid": (with_other_grid, "forecast.zarr", "has no longitude within 0.001 degrees"),
+    "another grid": (with_other_grid, "forecast.zarr", "is not the truth's, 8 latitudes x 16 longitudes"),
     "no common valid time": (later, "forecast.zarr", "no common valid time"),
     "no common channel": (other_channels, "forecast.zarr", "holds none of the forecast's channels"),
     "a directory": (not_a_store, "forecast", "is a directory but not a zarr store"),

@@ -22,7 +22,6 @@ from dlscale.runtime.storage import (
     probe_writable,
     remove_stale_temporaries,
     storage_error,
-    write_results_directory,
 )
 
 
@@ -40,6 +39,20 @@ def test_each_write_errno_becomes_one_line_with_the_path_the_errno_and_what_to_d
     message = str(storage_error("/scratch/run/ckpt.pt", code))
     assert message.startswith("/scratch/run/ckpt.pt: cannot write: ")
     assert words in message and advice in message and "\n" not in message
+
+
+@pytest.mark.parametrize("code", sorted(storage.STORAGE_ERRNOS), ids=errno.errorcode.get)
+def test_the_advice_names_the_option_of_the_command_that_writes(code):
+    for option in ("--out", "--root"):
+        message = str(storage_error("/data/era5/stats/climatology.zarr", code, option=option))
+        assert "--expdir" not in message and "numbered checkpoints" not in message, message
+        assert option in message or code == errno.EISDIR, message  # a directory in a file's place: rename it
+    converted = as_storage_error(OSError(code, os.strerror(code)), option="--out")
+    assert converted is not None and "--expdir" not in str(converted)
+    training = str(storage_error("/scratch/run/ckpt.pt", code))  # training keeps its own wording
+    assert "--expdir" in training or code == errno.EISDIR
+    if code == errno.ENOSPC:
+        assert "free some space (old runs, numbered checkpoints) or choose another --expdir" in training
 
 
 def test_an_enospc_hidden_in_torch_saves_chained_exception_is_found(tmp_path: Path):
@@ -106,6 +119,33 @@ def test_probing_a_path_through_a_file_names_it(tmp_path: Path):
         probe_writable(tmp_path / "file" / "run")
     with pytest.raises(StorageError, match=r"cannot create the directory: File exists \(EEXIST\)"):
         probe_writable(tmp_path / "file")
+
+
+def test_probing_a_place_to_create_writes_nothing_there_and_names_the_option(tmp_path: Path, monkeypatch):
+    storage.probe_creatable(tmp_path / "new" / "scores", "--out")
+    assert list(tmp_path.iterdir()) == [], "no directory made, no probe left"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StorageError, match=r"file: cannot create the directory: .*ENOTDIR.* another --out"):
+        storage.probe_creatable(tmp_path / "file" / "scores", "--out")
+
+    def read_only(fd, data):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(storage.os, "write", read_only)
+    with pytest.raises(StorageError, match=rf"{tmp_path}: cannot write: .*EROFS.*choose a writable --out$"):
+        storage.probe_creatable(tmp_path / "new" / "scores", "--out")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file"]
+
+
+def test_too_little_free_space_for_a_write_is_said_before_it_starts(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(storage.shutil, "disk_usage", lambda path: SimpleNamespace(free=1_500_000))
+    storage.require_free_space(tmp_path, 1_500_000, "a year file", "--out")
+    with pytest.raises(StorageError) as raised:
+        storage.require_free_space(tmp_path, 1_500_001, "a year file", "--out")
+    assert str(raised.value) == (
+        f"{tmp_path}: cannot write a year file: 1.5 MB needed, 1.5 MB free: No space left on device (ENOSPC); "
+        "the disk is full: free some space or choose another --out"
+    )
 
 
 def test_probing_reports_a_failing_write_even_when_the_create_works(tmp_path: Path, monkeypatch):
@@ -178,18 +218,3 @@ def test_a_write_failure_without_a_path_keeps_the_original_words():
     assert str(converted).startswith(
         "cannot write: No space left on device (ENOSPC) (unable to write to file </torch_77_1>"
     )
-
-
-def test_a_results_directory_that_cannot_be_written_is_one_line_and_the_earlier_one_stays(tmp_path: Path):
-    directory = tmp_path / "forecast" / "test-ckpt_latest"
-    write_results_directory(directory, lambda tmp: (tmp / "scores.json").write_text("{}"), "the forecast")
-
-    def full_disk(tmp: Path) -> None:
-        (tmp / "scores.json").write_text('{"new": 1}')
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    with pytest.raises(StorageError, match=r"cannot write the forecast \(an earlier one is unchanged\)"):
-        write_results_directory(directory, full_disk, "the forecast")
-    assert (directory / "scores.json").read_text() == "{}"
-    with pytest.raises(ValueError, match="a bug"):  # anything else is no storage error: it goes on as it is
-        write_results_directory(directory, lambda tmp: (_ for _ in ()).throw(ValueError("a bug")), "it")

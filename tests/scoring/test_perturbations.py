@@ -16,6 +16,7 @@ from dlscale.errors import ConfigError
 from dlscale.scoring.perturbation_spec import (
     DROPOUT,
     GAUSSIAN,
+    HALF_CIRCUMFERENCE_KM,
     Perturbation,
     check_ensemble_options,
     parse_perturbation,
@@ -65,6 +66,11 @@ def test_perturbations_parse_as_written(text, expected):
         ("gaussian:abc", "SCALE 'abc' is not a number"),
         ("gaussian:0.1:-5", "LENGTH_KM must be 0"),
         ("gaussian:0.1:nan", "LENGTH_KM must be a finite number"),
+        ("gaussian:1e30", "SCALE 1e\\+30 is beyond 10 standard deviations"),
+        ("gaussian:10.5", "SCALE 10.5 is beyond 10 standard deviations"),
+        ("gaussian:1e-9", "SCALE 1e-09 is below 1e-06 standard deviations"),
+        ("gaussian:0.1:20100", "LENGTH_KM 20100 is beyond half the Earth's circumference"),
+        ("gaussian:0.1:1e30", "LENGTH_KM 1e\\+30 is beyond half the Earth's circumference"),
         ("gaussian", "expected gaussian:SCALE"),
         ("uniform:0.1", "expected gaussian:SCALE"),
         ("dropout:0.1", "expected gaussian:SCALE"),
@@ -74,6 +80,19 @@ def test_a_bad_perturbation_is_one_line_naming_it(text, message):
     with pytest.raises(ConfigError, match=message) as caught:
         parse_perturbation(text)
     assert text in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_bounds_themselves_are_accepted_and_half_the_circumference_is_the_scores_earths():
+    assert parse_perturbation("gaussian:10") == Perturbation(GAUSSIAN, 10.0, None)
+    assert parse_perturbation("gaussian:1e-6:0") == Perturbation(GAUSSIAN, 1e-6, 0.0)
+    assert parse_perturbation("gaussian:0.1:20000").length_km == 20000.0
+    assert math.isclose(HALF_CIRCUMFERENCE_KM, math.pi * EARTH_RADIUS_M / 1000, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("members", [2.5, True, "4", float("nan")])
+def test_members_must_be_a_whole_number(members):
+    with pytest.raises(ConfigError, match="--members .*: expected a whole number of members >= 1"):
+        check_ensemble_options(members, "gaussian:0.1")
 
 
 def test_members_and_perturb_must_go_together():

@@ -60,11 +60,12 @@ def test_the_train_section_checks_k_and_agrees_with_its_schedule():
     assert TrainConfig().max_rollout_steps == 1
     assert TrainConfig(rollout_steps=3).max_rollout_steps == 3
     assert TrainConfig(rollout_schedule="epoch 0=1, 1=4").max_rollout_steps == 4
-    assert TrainConfig(rollout_steps=4, rollout_schedule="epoch 0=1, 1=4").max_rollout_steps == 4
+    assert TrainConfig(rollout_steps=1, rollout_schedule="epoch 0=1, 1=4").max_rollout_steps == 4
     with pytest.raises(InvalidValue, match="rollout_steps: must be >= 1"):
         TrainConfig(rollout_steps=0)
-    with pytest.raises(InvalidValue, match="disagrees with rollout_schedule"):
-        TrainConfig(rollout_steps=2, rollout_schedule="epoch 0=1, 1=4")
+    for steps in (2, 4):  # another K than the schedule's, or its largest: both given, one must go
+        with pytest.raises(InvalidValue, match="and train.rollout_schedule 'epoch 0=1, 1=4' are both given"):
+            TrainConfig(rollout_steps=steps, rollout_schedule="epoch 0=1, 1=4")
     with pytest.raises(InvalidValue, match="goes backwards"):
         TrainConfig(rollout_schedule="epoch 0=4, 1=2")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from dlscale.checkpoint.checkpoint_config import CheckpointConfig
 from dlscale.checkpoint.directory import CheckpointDir
 from dlscale.checkpoint.files import NotADlscaleCheckpoint, foreign_file_kind, load_checkpoint
 from dlscale.checkpoint.sharded_files import is_sharded_checkpoint, read_header
+from dlscale.checkpoint.weights_start import RECORD_KEY, compare_with_record, describe_record
 from dlscale.errors import CheckpointError
 from dlscale.training.training_setup import RunRecord
 
@@ -53,8 +55,22 @@ _EXPECTED_CHANGES = {
 _EXPECTED_CHANGED_SECTIONS = ("profile.", "bench.")
 
 
-def resume_source(cfg: CheckpointConfig, checkpoints: CheckpointDir) -> Path | None:
-    """The checkpoint a run continues from, or None for a fresh start (see ``CheckpointConfig.resume``)."""
+@dataclass(frozen=True)
+class ResumeSource:
+    """The checkpoint a run continues from, and what it takes of it."""
+
+    path: Path
+    weights_only: bool = False  # only the model weights: a new run from step 0 (--resume_weights_only)
+    argument: str | None = None  # --resume as given (what a weights-only start's checkpoints record)
+
+
+def resume_source(cfg: CheckpointConfig, checkpoints: CheckpointDir) -> ResumeSource | None:
+    """The checkpoint a run continues from, or None for a fresh start (see ``CheckpointConfig.resume``).
+
+    A weights-only start launched again (the same command after a stop, a kill or a requeue) continues from the
+    run's own checkpoint when that checkpoint records a start from the same weights
+    (:mod:`dlscale.checkpoint.weights_start`).
+    """
     if cfg.resume == "never":
         if checkpoints.has_checkpoint():
             raise CheckpointError(
@@ -64,7 +80,7 @@ def resume_source(cfg: CheckpointConfig, checkpoints: CheckpointDir) -> Path | N
         return None
     if cfg.resume == "auto":
         if checkpoints.latest_path.exists():
-            return checkpoints.latest_path
+            return ResumeSource(checkpoints.latest_path)
         others = checkpoints.other_checkpoints()
         if others:
             # Starting afresh here would replace these with a new run's checkpoints at its first save.
@@ -74,6 +90,10 @@ def resume_source(cfg: CheckpointConfig, checkpoints: CheckpointDir) -> Path | N
                 "a new run with another --run_num"
             )
         return None
+    if cfg.resume_weights_only and checkpoints.has_checkpoint():
+        continued = continued_weights_only_run(cfg.resume, checkpoints)
+        if continued is not None:
+            return continued
     path = checkpoint_file(Path(cfg.resume).expanduser())
     if cfg.resume_weights_only and checkpoints.has_checkpoint() and path != checkpoints.latest_path:
         raise CheckpointError(
@@ -81,7 +101,63 @@ def resume_source(cfg: CheckpointConfig, checkpoints: CheckpointDir) -> Path | N
             "would train from step 0 and replace it. Continue this run with --resume auto, or start the "
             "weights-only run in another --run_num"
         )
-    return path
+    return ResumeSource(path, cfg.resume_weights_only, cfg.resume)
+
+
+def continued_weights_only_run(argument: str, checkpoints: CheckpointDir) -> ResumeSource | None:
+    """The run's own latest checkpoint, to continue whole, when it is a weights-only start's from the weights
+    ``argument`` names; None when it records no such start (a run that is no fine-tune, or one written before
+    dlscale kept the record), or when ``argument`` names that checkpoint itself (a weights-only start from it,
+    as asked); CheckpointError when it records a start from other weights."""
+    latest = checkpoints.latest_path
+    header = _own_header(latest, checkpoints)
+    meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
+    record = meta.get(RECORD_KEY)
+    if not isinstance(record, dict):
+        return None
+    try:
+        source, problem = checkpoint_file(Path(argument).expanduser()), ""
+    except CheckpointError as exc:
+        source, problem = None, str(exc)
+    check = compare_with_record(argument, source, problem, record, latest)
+    if not check.same:
+        if source is None:
+            raise CheckpointError(problem)
+        if source.resolve() == latest.resolve():
+            return None
+        raise CheckpointError(
+            f"{checkpoints.directory} holds a run that took its weights from {describe_record(record)}, not from "
+            f"{source}; a weights-only start from {source} would train from step 0 and replace it. Continue that "
+            f"run with --resume {record.get('argument')} --resume_weights_only (the command that began it), or "
+            f"start the weights-only run from {source} in another --run_num"
+        )
+    progress = header.get("progress") if isinstance(header.get("progress"), dict) else {}
+    log.info(
+        "%s: this run began as a weights-only start from %s and continues from its own checkpoint %s (global "
+        "step %s); the weights-only source %s was not reloaded",
+        checkpoints.directory,
+        describe_record(record),
+        latest,
+        progress.get("global_step", "?"),
+        argument,
+    )
+    if check.note:
+        log.warning("%s", check.note)
+    return ResumeSource(latest, weights_only=False, argument=argument)
+
+
+def _own_header(latest: Path, checkpoints: CheckpointDir) -> dict[str, Any]:
+    """The entries of the run's latest checkpoint, its tensors left on disk (a sharded checkpoint's header; a
+    file's tensors memory-mapped, not read); a checkpoint that does not load is refused as a resume refuses it,
+    naming the ones that do."""
+    if not is_sharded_checkpoint(latest):
+        try:
+            document = torch.load(latest, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # damaged, or no checkpoint: the loader below says which, and what loads instead
+            document = None
+        if isinstance(document, dict):
+            return document
+    return load_for_resume(latest, checkpoints)
 
 
 # What --resume takes, for the messages that refuse what it was given.

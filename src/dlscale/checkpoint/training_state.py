@@ -37,6 +37,7 @@ from dlscale.checkpoint.sharded_state import (
     local_optimizer_state,
 )
 from dlscale.checkpoint.sharded_writer import ShardedCheckpointWriter
+from dlscale.checkpoint.weights_start import RECORD_KEY, weights_start_record
 from dlscale.errors import CheckpointError
 from dlscale.runtime.rng import capture_rng_state, restore_rng_state
 from dlscale.training.observer import TrainerView
@@ -94,19 +95,27 @@ def _run_state(trainer: TrainerView) -> dict[str, Any]:
             "global_batch_size": setup.global_batch_size,
             "saved_at": time.strftime("%Y-%m-%d %H:%M:%S"),
             "logger_runs": dict(setup.record.logger_runs),  # the wandb/MLflow runs a resume continues
+            # A weights-only start's source: the same command launched again continues this run from here.
+            RECORD_KEY: dict(setup.record.weights_start) or None,
         },
     }
 
 
 def restore_training(
-    setup: TrainingSetup, path: Path, checkpoints: CheckpointDir, weights_only: bool = False
+    setup: TrainingSetup,
+    path: Path,
+    checkpoints: CheckpointDir,
+    weights_only: bool = False,
+    argument: str | None = None,
 ) -> TrainProgress:
     """Load a checkpoint into a freshly built run: weights, optimizer, position, RNG; return the position.
 
     Raises CheckpointError when the checkpoint cannot continue this run (another model shape, another global
     batch size, or a changed key that would reinterpret the saved weights); warns about other config changes,
     which then take effect from here on. With ``weights_only`` (``checkpoint.resume_weights_only``) only the
-    weights are taken, changed model keys are allowed, and a fresh position is returned.
+    weights are taken, changed model keys are allowed, and a fresh position is returned; the run's checkpoints
+    then record where the weights came from (``argument``: --resume as given), so that the same command
+    continues the run later (:mod:`dlscale.checkpoint.weights_start`).
     """
     sharded = is_sharded_checkpoint(path)
     # Names the run's loadable checkpoints if it fails; of a sharded checkpoint only the header (no tensors).
@@ -127,6 +136,9 @@ def restore_training(
         load_model_state(setup.model, local_model_state(setup.model, payload["model"]), source)
     if weights_only:
         log.info("%s: took the model weights only; optimizer, LR schedule and position start afresh", source)
+        setup.record.weights_start.clear()
+        if setup.process.is_main:  # the one that writes the checkpoints' header; it reads the file once more
+            setup.record.weights_start.update(weights_start_record(argument or source, path, payload))
         return TrainProgress()
     saved_batch = meta.get("global_batch_size")
     if saved_batch != setup.global_batch_size:
@@ -149,6 +161,9 @@ def restore_training(
         log.warning("%s: the LR schedule changed from %s to %s", source, saved_schedule, current_schedule)
     if is_own_checkpoint(path, checkpoints):  # another run's checkpoint starts new wandb/MLflow runs
         continue_logger_runs(setup.record.logger_runs, meta.get("logger_runs"))
+        # A weights-only start continued: its checkpoints go on saying where its weights came from.
+        if isinstance(meta.get(RECORD_KEY), dict):
+            setup.record.weights_start.update(meta[RECORD_KEY])
     progress = TrainProgress.from_dict(payload["progress"], source)
     restore_rng_state(payload["rng"])
     return progress

@@ -147,7 +147,7 @@ def run_climatology(args: argparse.Namespace) -> int:
         *result.years,
         len(result.channels),
         result.seconds,
-        f"; {len(result.days_without_data)} days of the year have no data (NaN)"
+        f"; {len(result.days_without_data)} days of the year have no data (NaN; the warning above says which)"
         if result.days_without_data
         else "",
     )

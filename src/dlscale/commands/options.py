@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dlscale.commands.flags import BENCH_TRIALS_GROUP, add_group_flags
 from dlscale.perf.bench.scaling import MODES
+from dlscale.scoring.perturbation_spec import HALF_CIRCUMFERENCE_KM, MAX_SCALE, MIN_SCALE
 
 # --mode of ``dlscale scaling``; the analysis (dlscale.perf.bench.scaling) checks a mode given from Python with it.
 DEFAULT_SCALING_OUT = Path("scaling")
@@ -218,8 +219,9 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--perturb",
         metavar="gaussian:SCALE[:LENGTH_KM]|dropout",
-        help="how an ensemble's members differ: initial-state noise of SCALE x each channel's standard deviation, "
-        "correlated over LENGTH_KM (default 500 km; 0: white noise), or the model's dropout kept on",
+        help="how an ensemble's members differ: initial-state noise of SCALE x each channel's standard deviation "
+        f"({MIN_SCALE:g} to {MAX_SCALE:g}), correlated over LENGTH_KM (default 500 km; 0: white noise; at most "
+        f"{HALF_CIRCUMFERENCE_KM:,.0f} km, half the Earth's circumference), or the model's dropout kept on",
     )
     add_figures_switch(parser)
     add_trained_config_changes(parser, "data.root=/scratch/era5 or train.amp_mode=bf16")
@@ -273,6 +275,19 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
         help="more forecasts scored beside FORECAST on the initial times and leads all of them have: one "
         "table (a forecaster per forecast in scores.csv) and one skill figure (deterministic forecasts only: an "
         "ensemble, with a number dimension, is scored alone)",
+    )
+    parser.add_argument(
+        "--channels",
+        metavar="A,B,...",
+        help="score exactly these channels (each in every forecast and in the truth); without it every channel "
+        "they share is scored, and score refuses when less than half of the forecast's channels can be",
+    )
+    parser.add_argument(
+        "--times",
+        metavar="FIRST..LAST",
+        help="score the initial times from FIRST to LAST (dates: 2018-01-01..2018-12-31, 2018-01-01T00..; a "
+        "date takes in its whole day); without it every initial time the truth can score is, and score refuses "
+        "when less than half of the forecast's can be",
     )
     add_figures_switch(parser)
 

@@ -10,7 +10,9 @@ from dlscale.run.score_inputs import check_score_inputs
 
 def check_score_command(args: argparse.Namespace) -> None:
     """``dlscale score``'s checks before torch is imported: the paths and labels (the API makes them again)."""
-    check_score_inputs([args.forecast, *args.compare], args.truth, args.climatology, args.out)
+    check_score_inputs(
+        [args.forecast, *args.compare], args.truth, args.climatology, args.out, args.channels, args.times
+    )
 
 
 def run_score(args: argparse.Namespace) -> int:
@@ -24,5 +26,7 @@ def run_score(args: argparse.Namespace) -> int:
         out=args.out,
         compare=args.compare,
         figures=args.figures,
+        channels=args.channels,
+        times=args.times,
     )
     return 0

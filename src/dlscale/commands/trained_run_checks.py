@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dlscale.checkpoint.trained_run import CHOICES, CONFIG_FILE, expects
 from dlscale.errors import CheckpointError, ConfigError
-from dlscale.run.durations import init_every_hours, parse_duration_hours, parse_init_date
+from dlscale.run.durations import init_every_hours, lead_hours, parse_init_date
 from dlscale.scoring.perturbation_spec import check_ensemble_options
 
 
@@ -57,7 +57,7 @@ def check_evaluate_command(args: argparse.Namespace) -> None:
 def check_forecast_command(args: argparse.Namespace) -> None:
     """``dlscale forecast``'s checks before torch is imported."""
     check_checkpoint_target(args.target, args.checkpoint, "forecast")
-    parse_duration_hours(args.lead, "--lead")
+    lead_hours(args.lead)
     check_init(args.init)
     if args.init_count is not None and args.init_count < 1:
         raise ConfigError(f"--init-count {args.init_count}: expected a number of initial times >= 1")

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dlscale.errors import ConfigError, DataError, DlscaleError
+from dlscale.runtime.storage import as_storage_error, require_free_space
 from dlscale.runtime.strict_json import to_json
 
 Spec = TypeVar("Spec")
 
 MANIFEST = "manifest.json"
+OUT_OPTION = "--out"  # the generators' option that chooses where they write, for a failed write's advice
 
 
 def preset_spec(
@@ -48,13 +50,19 @@ def read_manifest(out: Path, spec_type: type) -> tuple[Any, dict[str, Any]] | No
 
 
 def write_data_set(
-    out: Path, generator: str, recognized: Callable[[Path], bool], fill: Callable[[Path], dict[str, Any]]
+    out: Path,
+    generator: str,
+    recognized: Callable[[Path], bool],
+    fill: Callable[[Path], dict[str, Any]],
+    size_bytes: int | None = None,
 ) -> Path:
     """Write a data set into ``out`` all at once; return ``out``.
 
     ``fill(partial)`` writes the files into the (existing, empty) directory ``partial`` and returns the manifest
     to record. An existing ``out`` is replaced only when ``recognized(out)`` (a data set this generator wrote) or
-    when it is an empty directory; anything else is refused with a DataError naming it.
+    when it is an empty directory; anything else is refused with a DataError naming it. ``size_bytes``: what the
+    data set takes, checked against the free space before anything is written. A write that fails (a full or
+    read-only disk) removes ``partial`` and is one StorageError line naming ``--out``.
     """
     out = Path(out)
     if out.exists() and not recognized(out) and (not out.is_dir() or any(out.iterdir())):
@@ -64,9 +72,18 @@ def write_data_set(
         )
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    manifest = fill(partial)
-    (partial / MANIFEST).write_text(to_json(manifest))
+    try:
+        partial.mkdir(parents=True)
+        if size_bytes is not None:  # before the first file: HDF5 may not close a file the disk filled up in
+            require_free_space(partial, size_bytes, f"the data set of {generator}", OUT_OPTION, named=out)
+        manifest = fill(partial)
+        (partial / MANIFEST).write_text(to_json(manifest))
+    except BaseException as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        storage = as_storage_error(exc, out, f"cannot write the data set of {generator}", OUT_OPTION)
+        if storage is not None and not isinstance(exc, DlscaleError):
+            raise storage from exc
+        raise
     if out.exists():  # a previous data set of this generator (checked above), or an empty directory
         shutil.rmtree(out)
     partial.rename(out)

@@ -140,7 +140,7 @@ def export_run(
                 directory.rmdir()
         if isinstance(exc, DlscaleError):
             raise
-        storage = as_storage_error(exc, shown, "cannot write the export (nothing was written)")
+        storage = as_storage_error(exc, shown, "cannot write the export (nothing was written)", "--out")
         if storage is not None:
             raise storage from exc
         raise

@@ -11,6 +11,8 @@
       "spread_skill": {channel: [...]},     # sqrt((M+1)/M) spread / ensemble-mean RMSE: 1 when calibrated
       "spread_skill_uncorrected": {channel: [...]},  # spread / ensemble-mean RMSE (WeatherBench2's plot)
       "rank_histograms": [{"lead_hours": 24.0, "counts": {channel: [M + 1 counts]}}, ...],  # at 1, 3, 5 days
+      "nonfinite_members": [3, 7],          # members that held NaN or infinite values (0: the control)
+      "nonfinite_members_from_lead_hours": 12.0,  # the first lead where one did (null: none)
       "conventions": {...}
     }
 
@@ -63,6 +65,7 @@ def ensemble_entry(
         return {name: values[:, c].tolist() for c, name in enumerate(channel_names)}
 
     counts = scores.rank_histogram()
+    nonfinite, first_lead = scores.nonfinite_members()
     histograms = [
         {
             "lead_hours": lead * step_hours,
@@ -79,6 +82,8 @@ def ensemble_entry(
         "spread_skill": per_channel(scores.spread_skill_ratio()),
         "spread_skill_uncorrected": per_channel(_uncorrected_ratio(scores)),
         "rank_histograms": histograms,
+        "nonfinite_members": nonfinite,
+        "nonfinite_members_from_lead_hours": None if first_lead is None else first_lead * step_hours,
         "conventions": ENSEMBLE_CONVENTIONS,
     }
 
@@ -127,6 +132,32 @@ def ensemble_lines(document: dict[str, Any]) -> list[str]:
         cells = "".join(f"{_number(value):>10}" for value in values)
         lines.append(f"{name:<{width}}{lead_text(row['lead_hours']):>5}  {unit:<9}{cells}")
     return lines
+
+
+def nonfinite_members_warning(document: dict[str, Any], shown: int = 10) -> str | None:
+    """The console's warning when members of the ensemble held NaN or infinite values: which members, from which
+    lead, whether the control (the model's own forecast) stayed finite, and what to try; None when none did."""
+    entry = document.get("ensemble")
+    if entry is None or not entry.get("nonfinite_members"):
+        return None
+    members = entry["nonfinite_members"]
+    listed = ", ".join(str(member) for member in members[:shown])
+    if len(members) > shown:
+        listed += f" and {len(members) - shown} more"
+    which = f"member {listed} holds" if len(members) == 1 else f"members {listed} hold"
+    lead = lead_text(entry["nonfinite_members_from_lead_hours"])
+    text = f"{which} NaN or infinite values from lead {lead} on (of {entry['members']} members)"
+    if document.get("nonfinite_from_lead_hours") is None:
+        gaussian = str(entry.get("perturbation", "")).startswith("Gaussian")
+        remedy = (
+            "try a smaller SCALE of --perturb gaussian:SCALE" if gaussian else "try --perturb gaussian:SCALE"
+        )
+        return (
+            f"The ensemble's {text}, while the control (member 0, the model's own forecast) stays finite: the "
+            "perturbed members leave the states the model can forecast (the model's own forecast does not fail), "
+            f"and the ensemble's scores from there are NaN; {remedy}"
+        )
+    return f"The ensemble's {text}, the control (member 0, the model's own forecast) among them"
 
 
 def _number(value: float | None) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 from dlscale.report.figures import save_png, validation_figures
 from dlscale.report.summary import final_line, report_skill
-from dlscale.runtime.storage import write_results_directory
+from dlscale.runtime.output_directory import write_results_directory
 from dlscale.runtime.strict_json import to_json
 from dlscale.scoring.evaluator import EvalSummary
 
@@ -113,7 +113,10 @@ def write_evaluation(
         (tmp / METRICS_CSV).write_text(metrics_csv(document))
         (tmp / METRICS_JSON).write_text(to_json(document))  # each file is flushed before the directory moves
 
-    write_results_directory(directory, fill, "the evaluation")
+    # Where it goes is chosen by the run (or checkpoint) evaluated: the advice of a failed write names that.
+    write_results_directory(
+        directory, fill, "the evaluation", "RUN_DIR|CHECKPOINT (its eval/ is written there)"
+    )
     return [directory / name for name in document["files"]]
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.data.era5.optional_modules import require_era5_module
+from dlscale.data.era5.zarr_writes import zarr_writes_finished_on_failure
 from dlscale.data.trajectories import ForecastStart, Trajectories
 from dlscale.errors import ConfigError, DataError
 
@@ -189,11 +190,12 @@ def _netcdf_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_forecast_file(dataset: Any, path: Path, fmt: str) -> None:
-    """Write ``dataset`` to ``path`` as ``fmt`` (netcdf or zarr)."""
+    """Write ``dataset`` to ``path`` as ``fmt`` (netcdf or zarr). A zarr write that fails (a full disk) returns
+    only once zarr's writer threads are done, so that the temporary directory it is in can be removed."""
     if fmt == "netcdf":
         dataset.to_netcdf(path, engine="h5netcdf")
         return
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), zarr_writes_finished_on_failure():
         # zarr 3 warns that consolidated metadata (one file listing every array, which xarray writes so that
         # opening a store is one read) is not yet in the zarr 3 specification; zarr and xarray read it.
         warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)

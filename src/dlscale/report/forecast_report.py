@@ -27,7 +27,13 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from dlscale.data.trajectories import Trajectories
-from dlscale.report.ensemble_report import ENSEMBLE_COLUMNS, ensemble_cells, ensemble_entry, ensemble_lines
+from dlscale.report.ensemble_report import (
+    ENSEMBLE_COLUMNS,
+    ensemble_cells,
+    ensemble_entry,
+    ensemble_lines,
+    nonfinite_members_warning,
+)
 from dlscale.report.forecast_figures import forecaster_styles, origin_text
 from dlscale.report.forecast_selection import headline_channels, lead_text, report_leads
 from dlscale.report.forecast_spectra import SPECTRA_CONVENTION, spectra_entry
@@ -392,6 +398,9 @@ def log_forecast(document: dict[str, Any], written: Sequence[Any]) -> None:
             "The model's forecast holds NaN or infinite values from lead %g h on: its scores from there are NaN",
             document["nonfinite_from_lead_hours"],
         )
+    members_warning = nonfinite_members_warning(document)
+    if members_warning is not None:
+        log.warning("%s", members_warning)
     rate = document["throughput"]["forecast_steps_per_second"]
     if rate is not None:
         log.info(

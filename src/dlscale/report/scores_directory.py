@@ -14,8 +14,16 @@ from dlscale.report.ensemble_figures import ensemble_figures
 from dlscale.report.figures import save_png
 from dlscale.report.forecast_figures import BIAS_FIGURE, SPECTRA_FIGURE, bias_figure, spectra_figure
 from dlscale.report.forecast_report import SCORES_CSV, SCORES_JSON, SKILL_FIGURE, scores_csv, skill_figure
-from dlscale.runtime.storage import write_results_directory
+from dlscale.runtime.output_directory import write_results_directory
 from dlscale.runtime.strict_json import to_json
+
+# The option that chooses where each command's directory goes, which the advice of a failed write names: score's
+# --out; a forecast goes into the run directory of the checkpoint it reads, or beside a checkpoint file outside
+# of one.
+SCORE_OPTION = "--out"
+FORECAST_OPTION = (
+    "RUN_DIR|CHECKPOINT (a checkpoint file outside its run directory has its forecast/ beside it)"
+)
 
 
 def score_figures(document: dict[str, Any]) -> dict[str, Figure]:
@@ -39,7 +47,9 @@ def write_scores_directory(
 ) -> list[Path]:
     """Write ``document`` (its ``files`` entry set here), its CSV, ``figures`` and, with ``write_data``, the file
     ``data_file`` that it writes at the path it is given, into ``directory`` in one piece: an earlier directory
-    stays as it was if this fails (a StorageError naming ``what``). The paths written."""
+    stays as it was if this fails (a StorageError naming ``what`` and the option of the command the document's
+    ``command`` names, ``score`` or else ``forecast``), and another process writing it now is refused
+    (:func:`~dlscale.runtime.output_directory.write_results_directory`). The paths written."""
     document["files"] = [SCORES_JSON, SCORES_CSV, *figures, *([data_file] if data_file else [])]
 
     def fill(tmp: Path) -> None:
@@ -50,5 +60,6 @@ def write_scores_directory(
         (tmp / SCORES_CSV).write_text(scores_csv(document))
         (tmp / SCORES_JSON).write_text(to_json(document))
 
-    write_results_directory(directory, fill, what)
+    option = SCORE_OPTION if document.get("command") == "score" else FORECAST_OPTION
+    write_results_directory(directory, fill, what, option)
     return [directory / name for name in document["files"]]

@@ -36,6 +36,7 @@ from dlscale.run.rollout_training import (
     check_rollout_workload,
     rollout_curriculum,
     rollout_splits,
+    unreached_schedule_entries,
 )
 from dlscale.runtime.device import Device
 from dlscale.runtime.launch import ProcessInfo
@@ -133,6 +134,9 @@ def build_training(
         plan = plan_epochs(len(train_set), global_batch, cfg.train.num_iters, cfg.train.num_epochs)
     except ValueError as exc:
         raise ConfigError(f"{cfg.where}: {exc}") from None
+    unreached = unreached_schedule_entries(cfg.train, plan) if training and process.is_main else None
+    if unreached is not None:
+        log.warning("%s", unreached)
     # Built before the step, which marks its phases with them (profilers attach on every rank: they decide
     # themselves which ranks record).
     markers, profilers = (
@@ -260,8 +264,10 @@ def build_training(
     )
     if resume_from is not None:
         # Restores the RNG last, right before training.
-        setup.progress = restore_training(setup, resume_from, checkpoints, cfg.checkpoint.resume_weights_only)
-        built.resumed_from = resume_from
+        setup.progress = restore_training(
+            setup, resume_from.path, checkpoints, resume_from.weights_only, resume_from.argument
+        )
+        built.resumed_from, built.weights_only = resume_from.path, resume_from.weights_only
         continue_with_new_length(setup.progress, plan)
     return built
 
@@ -412,7 +418,7 @@ def describe_run(run: BuiltRun) -> list[str]:
     if setup.utilization is not None:
         u = setup.utilization
         lines.append(f"FLOPs: {u.flops_per_sample / 1e9:.4g} GFLOP per training sample; {u.describe()}")
-    if run.resumed_from is not None and cfg.checkpoint.resume_weights_only:
+    if run.resumed_from is not None and run.weights_only:
         lines.append(f"Initial weights from {run.resumed_from} (weights only: a new run from step 0)")
     elif run.resumed_from is not None:
         p = setup.progress

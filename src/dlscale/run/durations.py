@@ -31,6 +31,14 @@ def parse_duration_hours(text: str, option: str) -> float:
     return float(match.group(1)) * _UNIT_MINUTES[match.group(2)] / 60
 
 
+def lead_hours(text: str) -> float:
+    """``--lead`` in hours: a duration with its unit above 0 (a forecast of no lead scores nothing)."""
+    hours = parse_duration_hours(text, "--lead")
+    if hours <= 0:
+        raise ConfigError(f"--lead {text}: expected a positive duration with its unit, e.g. 10d or 36h")
+    return hours
+
+
 def init_every_hours(init: str, step_hours: float) -> float | None:
     """The hours between the initial times of ``--init every:VALUE``: VALUE a duration (``12h``) or a whole
     number of model steps of ``step_hours`` (``every:2``); None when ``init`` lists dates instead."""

@@ -32,6 +32,8 @@ from dlscale.checkpoint.files import load_model_state
 from dlscale.checkpoint.sharded_state import local_model_state
 from dlscale.data.trajectories import ForecastStart, Trajectories
 from dlscale.errors import ConfigError, DataError
+from dlscale.perf.inference_memory import step_bytes_per_sample
+from dlscale.report.ensemble_report import RANK_HISTOGRAM_DAYS
 from dlscale.report.forecast_files import (
     FORMATS,
     NAMES,
@@ -51,9 +53,16 @@ from dlscale.report.forecast_report import (
 from dlscale.report.forecast_selection import headline_channels, report_leads
 from dlscale.report.progress_display import PassProgress
 from dlscale.report.run_dir import early_logging
-from dlscale.report.scores_directory import score_figures, write_scores_directory
+from dlscale.report.scores_directory import FORECAST_OPTION, score_figures, write_scores_directory
 from dlscale.run.evaluation import Evaluation, prepare
 from dlscale.run.forecast_climatology import choose_climatology
+from dlscale.run.forecast_memory import (
+    NOISE_BYTES_PER_VALUE,
+    WHITE_NOISE_BYTES_PER_VALUE,
+    AvailableMemory,
+    EnsembleShape,
+    check_ensemble_memory,
+)
 from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD, choose_starts, format_hours, lead_steps
 from dlscale.run.process_group import distributed_run, written_on_rank_0
 from dlscale.run.results_directory import forecast_name_parts, replacement_notice, results_directory_name
@@ -66,9 +75,10 @@ from dlscale.runtime.distributed import (
 )
 from dlscale.runtime.launch import ProcessInfo, detect_process
 from dlscale.runtime.rng import seed_everything
-from dlscale.scoring.perturbation_spec import check_ensemble_options
+from dlscale.runtime.storage import probe_creatable
+from dlscale.scoring.perturbation_spec import DROPOUT, Perturbation, check_ensemble_options
 from dlscale.scoring.perturbations import ensemble_members
-from dlscale.scoring.rollout import Rollout, roll_out
+from dlscale.scoring.rollout import EnsembleMembers, Rollout, roll_out
 from dlscale.scoring.rollout_ranks import sum_rollout_across_ranks
 from dlscale.training.precision import Precision
 from dlscale.version import __version__
@@ -166,6 +176,8 @@ def _forecast(
     # An --init-count that keeps every initial time changes nothing, so it names no directory of its own.
     counted = options.init_count if len(starts) < len(choose(None, where)) else None
     output_dir = _output_dir(evaluation, options, counted, trajectories.step_hours)
+    # A place that cannot take the results (read-only, full, not a directory) is said now, not after the rollout.
+    probe_creatable(output_dir, FORECAST_OPTION)
     if options.write is not None:
         _check_memory_for_forecasts(len(starts) * options.members, steps, trajectories)
     climatology = choose_climatology(options.climatology, trajectories, starts, steps)
@@ -181,6 +193,9 @@ def _forecast(
         latitudes, longitudes = trajectories.latitudes, trajectories.longitudes
         seed = cfg.train.seed
         members = ensemble_members(perturbation, options.members, latitudes, longitudes, model, predict, seed)
+        _check_ensemble_memory(
+            cfg, options, perturbation, members, model, trajectories, starts, steps, device, process
+        )
     # An ensemble's members go through the model together: by default as many samples as the run's batch.
     batch_size = options.batch_size or max(1, cfg.train.global_batch_size // options.members)
     map_leads = report_leads(MAP_DAYS, trajectories.step_hours, steps)
@@ -316,6 +331,59 @@ def _check_memory_for_forecasts(count: int, steps: int, trajectories: Trajectori
             f"initial times x {steps} leads, more than half of the {available / 1e9:.1f} GB available; write "
             "fewer with --init-count or a shorter --lead"
         )
+
+
+def _check_ensemble_memory(
+    cfg: Any,
+    options: ForecastOptions,
+    perturbation: Perturbation,
+    members: EnsembleMembers,
+    model: torch.nn.Module,
+    trajectories: Trajectories,
+    starts: list[ForecastStart],
+    steps: int,
+    device: Device,
+    process: ProcessInfo,
+) -> None:
+    """Refuse, before the first step, an ensemble whose sums, batch of members through the model and scores do not
+    fit in memory (see :mod:`dlscale.run.forecast_memory`); the model's bytes per member are measured on it."""
+    channels, height, width = (
+        len(trajectories.channel_names),
+        len(trajectories.latitudes),
+        len(trajectories.longitudes),
+    )
+    per_rank = -(-len(starts) // process.world_size)  # the largest share of the initial times
+
+    def batch(count: int) -> int:
+        return min(options.batch_size or max(1, cfg.train.global_batch_size // count), per_rank)
+
+    def kept(count: int) -> int:
+        return len(starts) * count * steps * channels * height * width * 4 if options.write is not None else 0
+
+    if perturbation.kind == DROPOUT:
+        noise = 0
+    else:
+        noise = WHITE_NOISE_BYTES_PER_VALUE if perturbation.length_km == 0 else NOISE_BYTES_PER_VALUE
+    shape = EnsembleShape(
+        batch=batch,
+        leads=steps + 1,
+        channels=channels,
+        height=height,
+        width=width,
+        histogram_leads=len(report_leads(RANK_HISTOGRAM_DAYS, trajectories.step_hours, steps)),
+        noise_bytes_per_value=noise,
+        model_bytes_per_sample=step_bytes_per_sample(
+            members.predict, (channels, height, width), device.torch
+        ),
+        ranks=process.world_size,
+        kept_forecast_bytes=kept,
+    )
+    host = psutil.virtual_memory().available // max(1, process.local_world_size)  # this node's ranks share it
+    gpu = None
+    if device.is_gpu:
+        weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        gpu = int(device.memory_capacity_gb() * 1024**3) - weights
+    check_ensemble_memory(shape, options.members, AvailableMemory(host, gpu, device.name))
 
 
 def _write(

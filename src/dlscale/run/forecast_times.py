@@ -20,7 +20,8 @@ import numpy as np
 
 from dlscale.data.trajectories import ForecastStart
 from dlscale.errors import ConfigError, DataError
-from dlscale.run.durations import init_every_hours, parse_duration_hours, parse_init_date
+from dlscale.run.durations import init_every_hours, lead_hours, parse_init_date
+from dlscale.run.durations import parse_duration_hours as parse_duration_hours  # callers import it from here
 
 DEFAULT_INIT = "every:12h"
 DEFAULT_LEAD = "10d"
@@ -28,7 +29,7 @@ DEFAULT_LEAD = "10d"
 
 def lead_steps(lead: str, step_hours: float) -> int:
     """The number of model steps of ``step_hours`` that ``lead`` is; it must be a positive whole number."""
-    hours = parse_duration_hours(lead, "--lead")
+    hours = lead_hours(lead)
     steps = hours / step_hours
     if hours <= 0 or abs(steps - round(steps)) > 1e-9:
         raise ConfigError(

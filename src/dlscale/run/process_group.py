@@ -42,15 +42,17 @@ def distributed_run(process: ProcessInfo, device: Device, timeout_s: float) -> I
     # A command that runs several runs in one group (``dlscale tune`` trains and benches inside its own) keeps
     # it: only the run that started the group stops it.
     owner = not process_group_running()
-    start_process_group(process, device, timeout_s)
     ending = RankEnding()
     try:
+        # inside: a connection refused while the group starts is a rank's line too
+        start_process_group(process, device, timeout_s)
         yield ending
     except Exception as exc:
-        line = collective_failure_line(exc) if not isinstance(exc, DlscaleError) else None
+        line = collective_failure_line(exc, process.rank) if not isinstance(exc, DlscaleError) else None
         if line is None:
             raise
-        # A hang or a lost rank: one line per rank (its console and its log file), instead of a traceback.
+        # A hang, a lost rank or a refused connection: one line per rank (its console and its log file), instead
+        # of a traceback.
         logging.getLogger("dlscale.distributed").error("%s", line)
         failure = DlscaleError(line)
         failure.exit_code = 1  # like any crash: torchrun and srun both report 1

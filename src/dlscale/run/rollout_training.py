@@ -24,6 +24,7 @@ from dlscale.data.rollout_samples import RolloutSamples
 from dlscale.errors import ConfigError, DlscaleError
 from dlscale.perf.flops import Utilization
 from dlscale.training.rollout_curriculum import RolloutCurriculum
+from dlscale.training.schedule import EpochPlan
 from dlscale.training.train_config import TrainConfig, parse_rollout_schedule
 from dlscale.workloads.protocol import Workload
 from dlscale.workloads.user_code import raised_by_workload
@@ -61,6 +62,35 @@ def rollout_splits(workload: Workload, data_cfg: object, steps: int, where: str)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
     return RolloutSplits(splits["train"], splits["valid"])
+
+
+def unreached_schedule_entries(cfg: TrainConfig, plan: EpochPlan) -> str | None:
+    """What to warn about when ``train.rollout_schedule`` has entries that start after this run's last step or
+    epoch (so they never take effect, while the samples and validation are still made for their K); None when
+    the run reaches every entry."""
+    if cfg.rollout_schedule is None:
+        return None
+    schedule = parse_rollout_schedule(cfg.rollout_schedule)
+    starts = schedule.starts_in_steps(plan.steps_per_epoch)
+    reached = sum(1 for start in starts if start < plan.total_steps)
+    if reached == len(starts):
+        return None
+    pairs = zip(schedule.starts[reached:], schedule.steps[reached:], strict=True)
+    entries = ", ".join(f"{at}={k}" for at, k in pairs)
+    several = len(starts) - reached > 1
+    if schedule.unit == "epoch":
+        end = f"its last epoch is {plan.num_epochs - 1}"
+    else:
+        end = f"its last step is {plan.total_steps - 1}"
+    k_max = schedule.max_steps
+    return (
+        f"train.rollout_schedule {cfg.rollout_schedule!r}: {'entries' if several else 'entry'} {entries} "
+        f"will not be reached: this run trains {plan.total_steps} steps ({plan.explanation}), so {end} (counted from 0, as the schedule "
+        f"counts) and K stays {schedule.steps[reached - 1]} to the end, while the samples are still read for "
+        f"K = {k_max} ({k_max + 1} consecutive states each) and validation rolls out {k_max} steps; raise "
+        f"train.num_epochs or train.num_iters to reach {'them' if several else 'it'}, or drop "
+        f"{'them' if several else 'it'} from the schedule"
+    )
 
 
 def rollout_curriculum(cfg: TrainConfig, steps_per_epoch: int) -> RolloutCurriculum:

@@ -5,10 +5,15 @@ What is read: each forecast (a zarr store or a netCDF file: ours from ``forecast
 elsewhere; :mod:`dlscale.data.era5.forecast_reading`), the truth (any store ``import-era5`` reads;
 :mod:`dlscale.data.era5.truth_reading`) and, when named, a climatology store by day of year and hour of day
 (:mod:`dlscale.run.forecast_climatology`: the ACC's reference and the climatology forecaster; without one there
-is no ACC). The forecasts are scored on the first one's grid, found in the truth and in the others by
-coordinates; on the channels all of them and the truth hold; on the initial times and leads all of them have;
-and only on the initial times whose valid times (time + prediction_timedelta) the truth has at every lead. The
-document says what was left out.
+is no ACC). What is scored (:mod:`dlscale.run.score_matching`): the truth's whole grid, which every forecast
+must be on (in any order); the channels all of them and the truth hold (or ``--channels``); the initial times
+and leads all of them have (or those of ``--times``), each found by value, and only the initial times whose
+valid times (time + prediction_timedelta) the truth has at every lead, without a missing chunk or a NaN or
+infinite value (one scan of the truth before scoring finds those, so every lead and score averages over the
+same initial times; ``truth_unusable`` in the document names each one left out and why). The console and the document's ``notes``
+say what was left out, and too little left is refused. The fields are scored in the forecasts' precision
+(float64 for a float64 forecast, the truth promoted to it; float32 otherwise, bit for bit as before); a NaN or
+infinite value is said per forecast, lead and channel (``nonfinite`` in the document), its scores NaN.
 
 Leads: the step is the greatest common divisor of the leads scored (6 h for WeatherBench2's 6-hourly ones),
 lead index ``k`` is ``k`` steps; an index the files lack (lead 0 in ours, which start at the first step) has no
@@ -39,7 +44,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,7 +54,6 @@ import numpy as np
 import torch
 
 from dlscale.data.era5.forecast_reading import MEMBER, ForecastFile
-from dlscale.data.era5.grid_matching import coordinate_positions
 from dlscale.data.era5.importing.names import weatherbench2_name
 from dlscale.data.era5.truth_reading import TruthStore
 from dlscale.data.trajectories import ForecastStart
@@ -58,12 +61,22 @@ from dlscale.errors import DataError
 from dlscale.report.forecast_report import forecast_document, headline_lines
 from dlscale.report.forecast_selection import lead_text
 from dlscale.report.run_dir import early_logging
-from dlscale.report.scores_directory import score_figures, write_scores_directory
+from dlscale.report.scores_directory import SCORE_OPTION, score_figures, write_scores_directory
 from dlscale.run.forecast_climatology import choose_climatology
-from dlscale.run.score_inputs import NamedForecast, check_score_inputs
+from dlscale.run.score_inputs import NamedForecast, ScoreInputs, check_score_inputs
+from dlscale.run.score_matching import (
+    LinedUp,
+    Notes,
+    check_truth_channels,
+    forecast_channels,
+    line_up,
+    open_truth,
+)
+from dlscale.runtime.storage import probe_creatable
 from dlscale.runtime.strict_json import to_json
 from dlscale.scoring.climatologies import Climatology
 from dlscale.scoring.rollout import (
+    CLIMATOLOGY,
     ENSEMBLE,
     MODEL,
     PERSISTENCE,
@@ -104,18 +117,11 @@ class ScoredGrid:
 
 
 @dataclass
-class LinedUp:
-    """What the forecasts have in common with each other and with the truth, and where each holds it."""
+class NonFinite:
+    """Where a field held a NaN or infinite value, (leads, C) each: every forecast's, by label, and the truth's."""
 
-    times: np.ndarray  # datetime64[ns]: the initial times scored
-    leads: np.ndarray  # timedelta64[ns]: the leads scored, increasing
-    step: np.timedelta64  # their greatest common divisor
-    time_at: list[np.ndarray]  # per forecast: the position of each initial time in its file
-    lead_at: list[np.ndarray]  # per forecast: the position of each lead in its file
-    rows: list[np.ndarray]  # per forecast: its row of each of the scoring grid's latitudes
-    columns: list[np.ndarray]
-    left_out_times: int  # common initial times the truth cannot score at every lead
-    persistence: bool  # whether the truth has every initial time
+    forecasts: dict[str, np.ndarray]
+    truth: np.ndarray
 
 
 @dataclass
@@ -132,11 +138,19 @@ def score_forecasts(
     climatology: str | Path | None = None,
     out: str | Path | None = None,
     figures: bool = True,
+    channels: str | Sequence[str] | None = None,
+    times: str | None = None,
 ) -> ScoreResult:
     """Score ``forecasts`` (paths, or ``LABEL=PATH``; several: a comparison) against ``truth`` (see the module's
-    docstring); bad input raises a DlscaleError before anything is written. ``figures``: draw the PNGs."""
+    docstring); bad input raises a DlscaleError before anything is written. ``figures``: draw the PNGs.
+    ``channels`` (``"z500,t2m"`` or names) and ``times`` (``"FIRST..LAST"``): score exactly these
+    (:mod:`dlscale.run.score_inputs`)."""
     chosen = str(climatology) if climatology is not None else None
-    named, directory = check_score_inputs([str(f) for f in forecasts], str(truth), chosen, out)
+    inputs = check_score_inputs([str(f) for f in forecasts], str(truth), chosen, out, channels, times)
+    named = inputs.forecasts
+    probe_creatable(
+        inputs.directory, SCORE_OPTION
+    )  # a place that cannot take the scores, said before scoring
     with early_logging(True):
         files: list[ForecastFile] = []
         store: TruthStore | None = None
@@ -144,9 +158,21 @@ def score_forecasts(
             for forecast in named:
                 files.append(ForecastFile(forecast.path))
             _check_no_ensemble_compared(named, files)
-            channels = _common_channels(named, files)
-            store = TruthStore.open(str(truth), channels, files[0].latitudes, files[0].longitudes)
-            return _score(named, files, store, str(truth), chosen, directory, figures)
+            notes = Notes()
+            for file in files:
+                notes.info(file.level_note)
+                notes.info(file.lead_note)
+                if file.unnamed:  # fields meant as channels, under a name no channel has
+                    notes.warn(
+                        f"{file.path}: left out of the scores: {'; '.join(file.left_out)} (a pressure-level field "
+                        "is read under WeatherBench2's name, e.g. geopotential, or its short one, z)"
+                    )
+                elif file.left_out:  # variables on other dimensions (bounds, ...): no field at all
+                    notes.info(f"{file.path}: left out of the scores: {'; '.join(file.left_out)}")
+            wanted = forecast_channels(named, files, inputs.channels, notes)
+            store = open_truth(str(truth), wanted, named, files)
+            check_truth_channels(named[0], files[0], store, str(truth), inputs.channels, notes)
+            return _score(named, files, store, str(truth), chosen, inputs, notes, figures)
         finally:
             for file in files:
                 file.close()
@@ -160,11 +186,13 @@ def _score(
     store: TruthStore,
     truth: str,
     climatology_path: str | None,
-    directory: Path,
+    inputs: ScoreInputs,
+    notes: Notes,
     figures: bool = True,
 ) -> ScoreResult:
     began = time.perf_counter()
-    lined = _line_up(named, files, store)
+    directory = inputs.directory
+    lined = line_up(named, files, store, inputs.times, notes)
     first = files[0]
     by_name = {channel.name: channel for channel in first.channels}
     channels = store.channel_names
@@ -185,8 +213,9 @@ def _score(
         climatology = choose_climatology(climatology_path, grid, starts, steps)  # type: ignore[arg-type]
     single = len(named) == 1
     labels = [MODEL] if single else [forecast.label for forecast in named]
+    dtype = np.result_type(*(file.dtype for file in files))
     log.info(
-        "Scoring %s against %s: %d channels, %d initial times (%s .. %s), %d leads up to %s%s",
+        "Scoring %s against %s: %d channels, %d initial times (%s .. %s), %d leads up to %s, in %s%s",
         ", ".join(str(forecast.path) for forecast in named),
         truth,
         len(channels),
@@ -195,20 +224,41 @@ def _score(
         lined.times[-1].astype("datetime64[m]"),
         len(lined.leads),
         lead_text(steps * step_hours),
+        dtype,
         "" if lined.persistence else "; no persistence: the truth lacks some initial times",
     )
     if first.members is not None:
         log.info(
             "An ensemble of %d members; %s is scored alone as %r", first.member_count, first.control, MODEL
         )
-    rollout = _rollout(files, store, lined, grid, starts, labels, climatology, single)
+    rollout, nonfinite = _rollout(files, store, lined, grid, starts, labels, climatology, single, dtype)
     rollout.seconds = time.perf_counter() - began
-    identity = _identity(named, files, store, truth, climatology, lined, labels, directory)
+    _say_nonfinite(nonfinite, named, labels, grid, truth, notes)
+    if rollout.ensemble is not None:
+        _say_nonfinite_members(rollout.ensemble, first, grid, notes)
+    _say_partial_acc(rollout, grid, notes)
+    identity = _identity(named, files, store, truth, climatology, lined, labels, inputs, dtype)
+    identity["nonfinite"] = {
+        "forecasts": {
+            label: _nonfinite_entry(flags, grid)
+            for label, flags in nonfinite.forecasts.items()
+            if flags.any()
+        },
+        "truth": _nonfinite_entry(nonfinite.truth, grid),
+    }
+    identity["notes"] = notes.lines
     initial_times = [str(t) for t in lined.times.astype("datetime64[m]")]
     document = forecast_document(rollout, grid, identity, initial_times)  # type: ignore[arg-type]
     document.pop("throughput")
     document["seconds"] = rollout.seconds
     drawn = score_figures(document) if figures else {}
+    if inputs.replaces is not None:
+        log.info(
+            "Replacing the earlier scores in %s (%s, written by dlscale %s)",
+            directory,
+            inputs.replaces.get("title", "untitled"),
+            inputs.replaces.get("dlscale_version", "of an unknown version"),
+        )
     written = write_scores_directory(directory, document, drawn, "the scores")
     for line in headline_lines(document):
         log.info("  %s", line)
@@ -225,9 +275,12 @@ def _rollout(
     labels: list[str],
     climatology: Climatology | None,
     single: bool,
-) -> Rollout:
+    dtype: np.dtype,
+) -> tuple[Rollout, NonFinite]:
     """Every forecast's scores (and one forecast's spectra) over the common initial times and leads, as a
-    :class:`Rollout` (no model ran: its seconds are 0); one ensemble's with its :class:`EnsembleRollout`."""
+    :class:`Rollout` (no model ran: its seconds are 0); one ensemble's with its :class:`EnsembleRollout`. The
+    fields are scored in ``dtype`` (the forecasts' precision: the truth and the climatology are promoted to it).
+    Beside it, where the forecasts and the truth held NaN or infinite values."""
     channels = grid.channel_names
     n_leads = int(lined.leads[-1] // lined.step) + 1
     baselines = [PERSISTENCE] if lined.persistence else []
@@ -239,15 +292,20 @@ def _rollout(
     spectra = (
         ZonalSpectra.for_grid(n_leads, len(channels), grid.latitudes, grid.longitudes) if single else None
     )
-    first_nonfinite: int | None = None
+    precision = torch.from_numpy(np.empty(0, dtype)).dtype
+    nonfinite = NonFinite(
+        {label: np.zeros((n_leads, len(channels)), bool) for label in labels},
+        np.zeros((n_leads, len(channels)), bool),
+    )
     per_batch = max(1, BATCH_INITIAL_TIMES // files[0].member_count)
     for at in range(0, len(lined.times), per_batch):
         batch = np.arange(at, min(at + per_batch, len(lined.times)))
         times = lined.times[batch]
-        initial = torch.from_numpy(store.read(times)) if lined.persistence else None
+        initial = torch.from_numpy(store.read(times)).to(precision) if lined.persistence else None
         for position, lead in enumerate(lined.leads):
             index = int(lead // lined.step)
-            truth = torch.from_numpy(store.read(times + lead))
+            truth = torch.from_numpy(store.read(times + lead)).to(precision)
+            nonfinite.truth[index] |= _nonfinite_channels(truth)
             forecasts = {
                 label: torch.from_numpy(
                     file.read(
@@ -256,6 +314,7 @@ def _rollout(
                         channels,
                         lined.rows[f],
                         lined.columns[f],
+                        dtype,
                     )
                 )
                 for f, (label, file) in enumerate(zip(labels, files, strict=True))
@@ -263,17 +322,100 @@ def _rollout(
             # one forecast's every value: the model's (N, C, H, W), or an ensemble's members (N, M, C, H, W)
             own = forecasts[MODEL] if single else None
             if ensemble is not None and own is not None:
-                forecasts[ENSEMBLE] = score_members(ensemble, index, own, truth)
+                forecasts[ENSEMBLE] = score_members(ensemble, index, own, truth)  # counts non-finite members
                 forecasts[MODEL] = own[:, 0]
+            for label in labels:  # an ensemble's: its first member's, scored alone as the model
+                nonfinite.forecasts[label][index] |= _nonfinite_channels(forecasts[label])
             if initial is not None:
                 forecasts[PERSISTENCE] = initial
-            reference = climatology.fields([starts[i] for i in batch], index) if climatology else None
+            reference = None
+            if climatology is not None:
+                reference = climatology.fields([starts[i] for i in batch], index).to(precision)
             score_lead(scores, index, forecasts, truth, reference)
             if spectra is not None:
                 spectra.add(index, forecasts[MODEL], truth)
-            if own is not None and first_nonfinite is None and not bool(torch.isfinite(own).all()):
-                first_nonfinite = index
-    return Rollout(scores, n_leads - 1, 0.0, 0.0, None, None, first_nonfinite, spectra, ensemble)
+    flagged = np.flatnonzero(nonfinite.forecasts[labels[0]].any(axis=1))
+    first_nonfinite = int(flagged[0]) if len(flagged) else None
+    rollout = Rollout(scores, n_leads - 1, 0.0, 0.0, None, None, first_nonfinite, spectra, ensemble)
+    return rollout, nonfinite
+
+
+def _nonfinite_channels(fields: torch.Tensor) -> np.ndarray:
+    """(C,) bool: the channels of (N, [M,] C, H, W) ``fields`` with a NaN or infinite value anywhere."""
+    finite = torch.isfinite(fields).movedim(-3, 0).flatten(1).all(dim=1)
+    return (~finite).numpy()
+
+
+def _nonfinite_entry(flags: np.ndarray, grid: ScoredGrid) -> dict[str, list[float]]:
+    """channel -> the leads in hours at which ``flags`` (leads, C) says it held a NaN or infinite value."""
+    return {
+        channel: [index * grid.step_hours for index in np.flatnonzero(flags[:, c])]
+        for c, channel in enumerate(grid.channel_names)
+        if flags[:, c].any()
+    }
+
+
+def _say_nonfinite(
+    nonfinite: NonFinite,
+    named: list[NamedForecast],
+    labels: list[str],
+    grid: ScoredGrid,
+    truth: str,
+    notes: Notes,
+) -> None:
+    """A warning per forecast (and for the truth) holding NaN or infinite values: at which leads, in which
+    channels; its scores there are NaN, as ``dlscale forecast`` warns of a model's."""
+    said = [
+        (f"The forecast {forecast.path}", nonfinite.forecasts[label], "its scores")
+        for label, forecast in zip(labels, named, strict=True)
+    ]
+    said.append((f"The truth {truth}", nonfinite.truth, "every forecaster's scores"))
+    for what, flags, scored in said:
+        if not flags.any():
+            continue
+        leads = ", ".join(f"{index * grid.step_hours:g} h" for index in np.flatnonzero(flags.any(axis=1)))
+        where = ", ".join(channel for c, channel in enumerate(grid.channel_names) if flags[:, c].any())
+        notes.warn(
+            f"{what} holds NaN or infinite values at lead {leads} in {where}: {scored} there are NaN "
+            "(null in scores.json; nonfinite lists them)"
+        )
+
+
+def _say_nonfinite_members(
+    ensemble: EnsembleRollout, file: ForecastFile, grid: ScoredGrid, notes: Notes
+) -> None:
+    """A warning when members of an ensemble file held NaN or infinite values: which, from which lead; the
+    ensemble's scores (its mean's, the CRPS, the spread) there are NaN, the first member's alone as said above."""
+    flagged, first_lead = ensemble.members.nonfinite_members()
+    if not flagged:
+        return
+    numbers = [int(file.members[at]) for at in flagged] if file.members is not None else flagged
+    shown = ", ".join(map(str, numbers[:10])) + (
+        f" and {len(numbers) - 10} more" if len(numbers) > 10 else ""
+    )
+    notes.warn(
+        f"The ensemble {file.path}: {'members' if len(numbers) > 1 else 'the member'} numbered {shown} (of its "
+        f"{file.member_count}) {'hold' if len(numbers) > 1 else 'holds'} NaN or infinite values from lead "
+        f"{first_lead * grid.step_hours:g} h on: the "
+        "ensemble's scores (ensemble mean, CRPS, spread, rank histograms) there are NaN (null in scores.json; "
+        "ensemble.nonfinite_members lists them)"
+    )
+
+
+def _say_partial_acc(rollout: Rollout, grid: ScoredGrid, notes: Notes) -> None:
+    """A warning where an ACC is the mean of fewer initial times than were scored: those at which the forecast or
+    the truth has no anomaly at all (equals the climatology), where the correlation is undefined."""
+    for forecaster, sums in rollout.scores.items():
+        acc = sums.acc()
+        if acc is None or forecaster == CLIMATOLOGY:
+            continue
+        partial = (sums.acc_count > 0) & (sums.acc_count < sums.count[:, None]) & np.isfinite(acc)
+        for index, c in zip(*np.nonzero(partial), strict=True):
+            notes.warn(
+                f"The ACC of {forecaster} in {grid.channel_names[c]} at lead {index * grid.step_hours:g} h is the "
+                f"mean of {int(sums.acc_count[index, c])} of the {int(sums.count[index])} initial times: at the "
+                "others the forecast or the truth equals the climatology, and the correlation is undefined"
+            )
 
 
 def _ensemble_rollout(
@@ -304,79 +446,6 @@ def _check_no_ensemble_compared(named: list[NamedForecast], files: list[Forecast
             )
 
 
-def _common_channels(named: list[NamedForecast], files: list[ForecastFile]) -> list[str]:
-    """The first forecast's channels that every other forecast has too."""
-    channels = [
-        name for name in files[0].channel_names if all(name in file.channel_names for file in files[1:])
-    ]
-    if not channels:
-        raise DataError(
-            f"the forecasts have no channel in common: {named[0].label} has {', '.join(files[0].channel_names)}, "
-            + "; ".join(
-                f"{n.label} has {', '.join(f.channel_names)}"
-                for n, f in zip(named[1:], files[1:], strict=True)
-            )
-        )
-    return channels
-
-
-def _line_up(named: list[NamedForecast], files: list[ForecastFile], store: TruthStore) -> LinedUp:
-    """The initial times, leads and grid positions the forecasts share, kept where the truth can score them."""
-    times = files[0].times
-    leads = files[0].leads[files[0].leads >= np.timedelta64(0, "ns")]
-    for file in files[1:]:
-        times = np.intersect1d(times, file.times)
-        leads = np.intersect1d(leads, file.leads)
-    leads = np.sort(leads)
-    which = "the forecasts have" if len(files) > 1 else f"{files[0].path} has"
-    if not len(times) or not (leads > np.timedelta64(0, "ns")).any():
-        raise DataError(
-            f"no initial time and lead beyond 0 that all the forecasts share ({len(times)} common initial times, "
-            f"common leads {', '.join(lead_text(float(lead / MINUTE) / 60) for lead in leads) or 'none'})"
-        )
-    minutes = [int(lead // MINUTE) for lead in leads if lead > np.timedelta64(0, "ns")]
-    step = np.timedelta64(math.gcd(*minutes), "m").astype("timedelta64[ns]")
-    covered = np.all([np.isin(times + lead, store.times) for lead in leads], axis=0)
-    if not covered.any():
-        raise DataError(
-            f"no common valid time: {which} {len(times)} initial times ({times[0]} .. {times[-1]}) with leads "
-            f"up to {lead_text(float(leads[-1] / MINUTE) / 60)}, and {store.source.description} holds none of "
-            f"their valid times at every lead (it holds {len(store.times)} times, "
-            f"{store.times[0] if len(store.times) else '-'} .. {store.times[-1] if len(store.times) else '-'})"
-        )
-    kept = times[covered]
-    grid = files[0].latitudes, files[0].longitudes
-    rows, columns = [], []
-    for forecast, file in zip(named, files, strict=True):
-        rows.append(_grid_positions(forecast, file.latitudes, grid[0], "latitude", False, named[0].label))
-        columns.append(_grid_positions(forecast, file.longitudes, grid[1], "longitude", True, named[0].label))
-    return LinedUp(
-        times=kept,
-        leads=leads,
-        step=step,
-        time_at=[np.searchsorted(file.times, kept) for file in files],
-        lead_at=[
-            np.asarray([int(np.flatnonzero(file.leads == lead)[0]) for lead in leads]) for file in files
-        ],
-        rows=rows,
-        columns=columns,
-        left_out_times=int((~covered).sum()),
-        persistence=bool(np.isin(kept, store.times).all()),
-    )
-
-
-def _grid_positions(
-    forecast: NamedForecast, have: np.ndarray, wanted: np.ndarray, name: str, wrap: bool, first: str
-) -> np.ndarray:
-    positions, missing = coordinate_positions(have, wanted, wrap)
-    if missing is not None:
-        raise DataError(
-            f"{forecast.path}: has no {name} {wanted[missing]:g} of the grid of {first}, the first forecast: "
-            "forecasts compared must share a grid"
-        )
-    return positions
-
-
 def _identity(
     named: list[NamedForecast],
     files: list[ForecastFile],
@@ -385,7 +454,8 @@ def _identity(
     climatology: Climatology | None,
     lined: LinedUp,
     labels: list[str],
-    directory: Path,
+    inputs: ScoreInputs,
+    dtype: np.dtype,
 ) -> dict[str, Any]:
     """What was scored, for scores.json: the forecasts, the truth, the climatology, what was left out."""
     title = f"{named[0].path.name}" if len(named) == 1 else f"{len(named)} forecasts"
@@ -398,6 +468,7 @@ def _identity(
             "lead_count": len(file.leads),
             "channels": list(file.channel_names),
             "left_out": file.left_out,
+            "dtype": str(file.dtype),
             **(
                 {"members": file.member_count, "scored_as_model": file.control}
                 if file.members is not None
@@ -411,6 +482,11 @@ def _identity(
         "title": f"{title} against {Path(truth).name}",
         "forecasts": forecasts,
         "truth": truth,
+        "options": {
+            "channels": list(inputs.channels) if inputs.channels is not None else None,
+            "times": inputs.times.text if inputs.times is not None else None,
+        },
+        "dtype": str(dtype),
         "channels_left_out": store.lacking,
         "climatology": climatology.description if climatology is not None else None,
         "persistence": "the truth at each initial time"
@@ -418,9 +494,11 @@ def _identity(
         else "not scored: the truth lacks some of the initial times",
         "common": f"scored on the {len(lined.times)} initial times and {len(lined.leads)} leads all "
         f"{len(named)} forecast{'s' if len(named) > 1 else ''} have, whose valid times the truth holds at every "
-        f"lead ({lined.left_out_times} common initial times left out for that)",
+        f"lead and where it has no missing chunk nor NaN or infinite value ({lined.left_out_times} common "
+        "initial times left out for that)",
         "initial_times_left_out": lined.left_out_times,
-        "output_dir": str(directory),
+        "truth_unusable": {str(time.astype("datetime64[m]")): why for time, why in lined.unusable.items()},
+        "output_dir": str(inputs.directory),
         "dlscale_version": __version__,
         "torch_version": str(torch.__version__),
     }

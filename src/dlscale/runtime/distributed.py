@@ -11,7 +11,9 @@ import datetime
 import json
 import logging
 import os
-from collections.abc import Iterator
+import re
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,20 +48,52 @@ def start_process_group(process: ProcessInfo, device: Device, timeout_s: float) 
             f"rank {process.rank} of {process.world_size} ({process.launcher}): no master address to meet the "
             "other ranks at; set MASTER_ADDR and MASTER_PORT"
         )
-    # IPv6 addresses need brackets in a URL.
-    host = f"[{process.master_addr}]" if ":" in process.master_addr else process.master_addr
     enable_flight_recorder()
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{host}:{process.master_port}",
-        rank=process.rank,
-        world_size=process.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    _Triage.started = time.monotonic()
     _Triage.timeout_s = timeout_s
+    store = worker_group_store(process, timeout)
+    if store is not None:
+        dist.init_process_group(
+            backend, store=store, rank=process.rank, world_size=process.world_size, timeout=timeout
+        )
+    else:
+        # IPv6 addresses need brackets in a URL.
+        host = f"[{process.master_addr}]" if ":" in process.master_addr else process.master_addr
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{host}:{process.master_port}",
+            rank=process.rank,
+            world_size=process.world_size,
+            timeout=timeout,
+        )
     note_position("start-up")
     log.info("Joined the %s process group: %s", backend, process.describe())
     return True
+
+
+def worker_group_store(
+    process: ProcessInfo, timeout: datetime.timedelta, environ: Mapping[str, str] | None = None
+) -> dist.Store | None:
+    """Under torchrun on one node, the store torchrun's agent hosts, with a prefix of its own for each worker group
+    (``TORCHELASTIC_RESTART_COUNT``); None elsewhere (the process group then meets at MASTER_ADDR:MASTER_PORT).
+
+    Why: torchrun's agent keeps one store for the whole job (``TORCHELASTIC_USE_AGENT_STORE``) and a worker group
+    that ``--max-restarts`` starts again finds the dead group's keys in it, among them the addresses gloo and NCCL
+    connect to: a restarted rank reads the address of a dead peer before the new peer writes its own, and its
+    connection is refused (pytorch/pytorch#135712). A prefix per restart keeps each group to its own keys. Only on
+    one node: each node's agent counts its own restarts, and nodes whose counts differ would never meet; on several
+    nodes, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in torchrun's environment gives each group a new store."""
+    environ = os.environ if environ is None else environ
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or environ.get("GROUP_WORLD_SIZE") != "1":
+        return None
+    if process.master_addr is None or process.master_port is None:
+        return None
+    store = dist.TCPStore(
+        process.master_addr, process.master_port, process.world_size, is_master=False, timeout=timeout
+    )
+    restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"dlscale/worker_group_{restart}", store)
 
 
 def stop_process_group(wait_for_others: bool = True) -> None:
@@ -219,6 +253,7 @@ class _Triage:
     count = 0
     where = "start-up"
     timeout_s: float | None = None
+    started: float | None = None  # time.monotonic() when this rank began joining the process group
     dump_prefix: str | None = None  # the TORCH_FR_DUMP_TEMP_FILE dlscale set (a later run may move it)
 
 
@@ -289,14 +324,24 @@ def _entered(name: str) -> Iterator[None]:
         _Triage.entered = None
 
 
-def collective_failure_line(error: BaseException) -> str | None:
-    """One line for a collective that timed out or lost a peer: the collective, where in the run, and which ranks
-    had not arrived. None when ``error`` is no such failure."""
-    lowered = str(error).lower()
+def collective_failure_line(error: BaseException, rank: int | None = None) -> str | None:
+    """One line for a collective that timed out or lost a peer, or for a connection to a peer that was refused or
+    never made: what failed, where in the run (for a connection, also how long after this rank began joining the
+    process group, and the address), and which ranks had not arrived. None when ``error`` is no such failure.
+    ``rank``: this rank, for an error raised while the process group was still starting (then the group cannot
+    say)."""
+    text = str(error)
+    lowered = text.lower()
     if not isinstance(error, getattr(dist, "DistError", ())) and not any(
         marker in lowered for marker in ("gloo", "nccl", "processgroup", "c10d")
     ):
         return None  # not torch.distributed's (a data loader's timeout, say)
+    # Before the timeouts: gloo words a refused connection "timed out connecting: ... Connection refused" once its
+    # retries are spent, which is no collective waiting for a late rank.
+    if any(marker in lowered for marker in _REFUSED_MARKERS):
+        return _connection_line(text, rank, refused=True)
+    if any(marker in lowered for marker in _CONNECT_TIMEOUT_MARKERS):
+        return _connection_line(text, rank, refused=False)
     timed_out = "timed out" in lowered or "timeout" in lowered
     peer_left = any(
         s in lowered for s in ("connection closed by peer", "connection reset by peer", "broken pipe")
@@ -315,6 +360,61 @@ def collective_failure_line(error: BaseException) -> str | None:
         )
     limit = f" {_Triage.timeout_s:g} s" if _Triage.timeout_s else ""
     return f"rank {rank}: timed out after{limit} waiting in {collective} {where}; {_missing_ranks(rank)}"
+
+
+# How gloo, NCCL and the TCP store say that nothing accepted a connection (ECONNREFUSED, errno 111 on Linux), and
+# that a connection was not made in time (gloo's "Connect timeout").
+_REFUSED_MARKERS = ("connection refused", "econnrefused", "errno: 111")
+_CONNECT_TIMEOUT_MARKERS = ("connect timeout", "timed out connecting")
+# Where the address is in their messages: gloo's "remote=[10.0.0.2]:41233", the store's "connect to
+# [node01]:29500", NCCL's "connect to 10.0.0.2<41233>".
+_ADDRESS_PATTERNS = (
+    re.compile(r"remote=\[([^\]]+)\]:(\d+)"),
+    re.compile(r"connect to \[([^\]]+)\]:(\d+)"),
+    re.compile(r"connect to ([0-9A-Za-z.:-]+)<(\d+)>"),
+)
+
+
+def _connection_line(
+    text: str, rank: int | None, refused: bool, environ: Mapping[str, str] | None = None
+) -> str:
+    """'rank 1: a connection to the peer at 10.0.0.2:41233 was refused 0.02 s after this rank began joining the
+    process group (in broadcast #2 of the default group at start-up): ...', with what refuses it and the likely
+    way out."""
+    environ = os.environ if environ is None else environ
+    if process_group_running():
+        rank = dist.get_rank()
+    who = f"rank {rank}" if rank is not None else "this rank"
+    address = next(
+        (f"{match[1]}:{match[2]}" for pattern in _ADDRESS_PATTERNS if (match := pattern.search(text))), None
+    )
+    store = "client socket" in text.lower() or "tcpstore" in text.lower()
+    target = "the rendezvous store" if store else "the peer"
+    target += f" at {address}" if address else ""
+    what = (
+        f"a connection to {target} was refused" if refused else f"no connection to {target} was made in time"
+    )
+    when = ""
+    if _Triage.started is not None:
+        when = f" {time.monotonic() - _Triage.started:.2f} s after this rank began joining the process group"
+    during = _waiting_collective() if process_group_running() else None
+    where = f"in {during} at {_Triage.where}" if during else f"at {_Triage.where}"
+    if store:
+        cause = "the store's host (rank 0's node, or torchrun's agent) is gone or not listening yet"
+    elif (
+        environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and environ.get("GROUP_WORLD_SIZE", "1") != "1"
+    ):
+        cause = (
+            "under torchrun --max-restarts on several nodes a restarted group can read a dead rank's address "
+            "from torchrun's shared store: launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; otherwise "
+            "that rank's process is gone (see its own line)"
+        )
+    else:
+        cause = (
+            "no process listens there: that rank's process is gone (see its own line), or the address is not "
+            "reachable from this host (GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME choose the network interface)"
+        )
+    return f"{who}: {what}{when} ({where}): {cause}"
 
 
 def _waiting_collective() -> str | None:

@@ -88,7 +88,10 @@ class RunDirectoryLock:
     batch job (a requeued job's previous incarnation) before failing; ``poll_s``: how often to look meanwhile.
     ``unparsable_grace_s``: how long an empty or half-written lock file may be in the middle of being written
     before it counts as left by a crash. ``environ`` supplies the batch job id (default ``os.environ``).
+    ``lock_path``: the lock file (default ``<run_dir>/.dlscale-run.lock``).
     """
+
+    kind = "run directory"  # what the log lines call the locked directory
 
     def __init__(
         self,
@@ -100,12 +103,13 @@ class RunDirectoryLock:
         poll_s: float = 2.0,
         environ: Mapping[str, str] | None = None,
         unparsable_grace_s: float = 10.0,
+        lock_path: str | Path | None = None,
     ) -> None:
         if heartbeat_s >= lease_s:
             raise ValueError(f"heartbeat_s={heartbeat_s} must be shorter than lease_s={lease_s}")
         self._run_dir = Path(run_dir)
-        self._path = self._run_dir / LOCK_NAME
-        self._takeover_path = self._path.with_name(LOCK_NAME + _TAKEOVER_SUFFIX)
+        self._path = Path(lock_path) if lock_path is not None else self._run_dir / LOCK_NAME
+        self._takeover_path = self._path.with_name(self._path.name + _TAKEOVER_SUFFIX)
         self._lease_s = lease_s
         self._heartbeat_s = heartbeat_s
         self._wait_same_job_s = wait_same_job_s
@@ -153,7 +157,8 @@ class RunDirectoryLock:
                 token = self._take_over(current)
                 if token is not None:
                     log.warning(
-                        "Took over the lock of run directory %s from %s: %s.",
+                        "Took over the lock of %s %s from %s: %s.",
+                        self.kind,
                         self._run_dir,
                         current.holder.describe(),
                         reason,
@@ -166,7 +171,7 @@ class RunDirectoryLock:
                 time.sleep(min(self._poll_s, 0.05))
                 continue
             holder = current.holder
-            if holder.job_id is None or holder.job_id != self._job_id:
+            if holder.job_id is None or holder.job_id != self._job_id or self._wait_same_job_s <= 0:
                 raise self._locked(holder, waited_s=None)
             now = time.monotonic()
             if wait_started is None:
@@ -391,8 +396,9 @@ class RunDirectoryLock:
                 return  # released while we looked: the file is gone because we removed it
             taker = "someone who removed the lock file" if current is None else current.holder.describe()
             log.error(
-                "The lock of run directory %s was taken over by %s; this run no longer holds the directory "
+                "The lock of %s %s was taken over by %s; this run no longer holds the directory "
                 "exclusively and another run may now write into it.",
+                self.kind,
                 self._run_dir,
                 taker,
             )
@@ -406,12 +412,7 @@ class RunDirectoryLock:
             waited = (
                 f" We waited {waited_s:.3g} s for it to end, as it belongs to our own job {holder.job_id}."
             )
-        stops = []
-        if holder.pid is not None:
-            stops.append(f"kill {holder.pid} on host {holder.host}")
-        if holder.job_id:
-            stops.append(f"cancel job {holder.job_id}, e.g. scancel {holder.job_id}")
-        stop = f"stop it ({', or '.join(stops)}), " if stops else ""
+        stop = stop_advice(holder)
         message = (
             f"run directory {self._run_dir} is in use by another run: {holder.describe()}.{waited} Wait for that "
             f"run to end, {stop}or train into another directory with --run_num/--expdir; if you are sure no run "
@@ -423,3 +424,14 @@ class RunDirectoryLock:
         code = exc.errno if exc.errno is not None else errno.EIO
         what = "run directory" if path == self._run_dir else "run directory's lock file"
         return storage_error(path, code, f"cannot {action} the {what}")
+
+
+def stop_advice(holder: LockHolder) -> str:
+    """``'stop it (kill 1234 on host nid001, or cancel job 5678, e.g. scancel 5678), '``, or ``''`` when the lock
+    file names neither a pid nor a job."""
+    stops = []
+    if holder.pid is not None:
+        stops.append(f"kill {holder.pid} on host {holder.host}")
+    if holder.job_id:
+        stops.append(f"cancel job {holder.job_id}, e.g. scancel {holder.job_id}")
+    return f"stop it ({', or '.join(stops)}), " if stops else ""

@@ -17,24 +17,30 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dlscale.errors import StorageError, first_line
-from dlscale.runtime.atomic_files import is_temporary_name, write_directory_atomically
+from dlscale.runtime.atomic_files import is_temporary_name
 
 log = logging.getLogger("dlscale.train")
 
-# What each errno means for a user, and what to do about it.
+# The option of `dlscale train` that chooses where a run writes; every function here names it unless told another
+# (each command names its own: import-era5 --out, data climatology --root, score --out, ...).
+TRAINING_OPTION = "--expdir"
+# What each errno means for a user, and what to do about it ({option}: the option that chooses the directory).
 _ADVICE = {
-    errno.EROFS: "the file system is read-only: choose a writable --expdir",
-    errno.EACCES: "permission denied: fix the directory's permissions or choose another --expdir",
-    errno.EPERM: "operation not permitted: fix the directory's permissions or choose another --expdir",
-    errno.ENOSPC: "the disk is full: free some space (old runs, numbered checkpoints) or choose another --expdir",
+    errno.EROFS: "the file system is read-only: choose a writable {option}",
+    errno.EACCES: "permission denied: fix the directory's permissions or choose another {option}",
+    errno.EPERM: "operation not permitted: fix the directory's permissions or choose another {option}",
+    errno.ENOSPC: "the disk is full: free some space{examples} or choose another {option}",
     errno.EDQUOT: "your disk quota is exhausted: free some space (`quota -s` or your site's tool shows "
-    "it) or choose another --expdir",
-    errno.ENOTDIR: "a part of the path is a file, not a directory: remove or rename it, or choose another --expdir",
-    errno.EEXIST: "it exists and is not a directory: remove or rename it, or choose another --expdir",
+    "it) or choose another {option}",
+    errno.ENOTDIR: "a part of the path is a file, not a directory: remove or rename it, or choose another {option}",
+    errno.EEXIST: "it exists and is not a directory: remove or rename it, or choose another {option}",
     errno.EISDIR: "it is a directory where a file was expected: remove or rename it",
-    errno.ENAMETOOLONG: "the path is too long for the file system: choose a shorter --expdir",
-    errno.EIO: "the storage reported an I/O error: check the file system (and its quota) or choose another --expdir",
+    errno.ENAMETOOLONG: "the path is too long for the file system: choose a shorter {option}",
+    errno.EIO: "the storage reported an I/O error: check the file system (and its quota) or choose another {option}",
 }
+_OTHER_ADVICE = "check the path, or choose another {option}"
+# What a training run can delete to make room (other commands' outputs hold no such thing).
+_TRAINING_SPACE = " (old runs, numbered checkpoints)"
 # Errors that a message can name from its text alone (torch's C++ writer loses the errno).
 _TEXT_ERRNOS = {
     "no space left on device": errno.ENOSPC,
@@ -54,9 +60,19 @@ def errno_in_words(code: int | None) -> str:
     return f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
 
 
-def storage_error(path: str | Path, code: int | None, doing: str = "cannot write") -> StorageError:
-    """One line: ``<path>: cannot write: No space left on device (ENOSPC); the disk is full: ...``."""
-    advice = _ADVICE.get(code, "check the path, or choose another --expdir") if code is not None else ""
+def advice_for(code: int, option: str = TRAINING_OPTION) -> str:
+    """What to do about a failed write of ``code``, naming ``option``, the command's option that chooses where
+    it writes (``--expdir`` for training, ``--out`` for ``dlscale score``, ...)."""
+    examples = _TRAINING_SPACE if option == TRAINING_OPTION else ""
+    return _ADVICE.get(code, _OTHER_ADVICE).format(option=option, examples=examples)
+
+
+def storage_error(
+    path: str | Path, code: int | None, doing: str = "cannot write", option: str = TRAINING_OPTION
+) -> StorageError:
+    """One line: ``<path>: cannot write: No space left on device (ENOSPC); the disk is full: ...``, the advice
+    naming ``option`` (see :func:`advice_for`)."""
+    advice = advice_for(code, option) if code is not None else ""
     message = f"{path}: {doing}: {errno_in_words(code)}"
     return StorageError(f"{message}; {advice}" if advice else message)
 
@@ -81,23 +97,14 @@ def find_storage_errno(exc: BaseException) -> tuple[int, str | None] | None:
     return None
 
 
-def write_results_directory(directory: Path, fill: Callable[[Path], None], what: str) -> None:
-    """Write a results directory (``dlscale evaluate``'s, ``dlscale forecast``'s) in one piece, with
-    :func:`~dlscale.runtime.atomic_files.write_directory_atomically`; a full disk, a quota or a read-only
-    directory becomes a StorageError saying that ``what`` could not be written and the earlier one is unchanged."""
-    try:
-        write_directory_atomically(directory, fill)
-    except (OSError, RuntimeError) as exc:
-        storage = as_storage_error(exc, directory, f"cannot write {what} (an earlier one is unchanged)")
-        if storage is not None:
-            raise storage from exc
-        raise
-
-
 def as_storage_error(
-    exc: BaseException, path: str | Path | None = None, doing: str = "cannot write"
+    exc: BaseException,
+    path: str | Path | None = None,
+    doing: str = "cannot write",
+    option: str = TRAINING_OPTION,
 ) -> StorageError | None:
-    """``exc`` as a StorageError naming ``path`` (or the failing file), or None when it is no write failure.
+    """``exc`` as a StorageError naming ``path`` (or the failing file), or None when it is no write failure; the
+    advice names ``option`` (see :func:`advice_for`).
 
     Without a path to name, the original message's first line goes along (e.g. a full /dev/shm under DataLoader
     workers, where the advice about --expdir would mislead on its own).
@@ -108,24 +115,42 @@ def as_storage_error(
     code, filename = found
     where = path if path is not None else filename
     if where is not None:
-        return storage_error(where, code, doing)
-    return StorageError(f"{doing}: {errno_in_words(code)} ({first_line(exc)}); {_ADVICE[code]}")
+        return storage_error(where, code, doing, option)
+    return StorageError(f"{doing}: {errno_in_words(code)} ({first_line(exc)}); {advice_for(code, option)}")
 
 
-def probe_writable(directory: Path) -> None:
+def probe_writable(directory: Path, option: str = TRAINING_OPTION) -> None:
     """Create ``directory`` (and its parents) and write, flush and delete a small file in it.
 
     Raises StorageError naming the directory when any of it fails: a read-only file system, no permission, a
-    path through a file, a full disk or an exhausted quota.
+    path through a file, a full disk or an exhausted quota; its advice names ``option``, the command's option
+    that chooses the directory (see :func:`advice_for`).
     """
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise storage_error(directory, errno.EEXIST, "cannot create the directory") from None
+        raise storage_error(directory, errno.EEXIST, "cannot create the directory", option) from None
     except OSError as exc:
-        raise storage_error(directory, exc.errno, "cannot create the directory") from None
+        raise storage_error(directory, exc.errno, "cannot create the directory", option) from None
     if not directory.is_dir():
-        raise storage_error(directory, errno.ENOTDIR, "cannot create the directory")
+        raise storage_error(directory, errno.ENOTDIR, "cannot create the directory", option)
+    _write_probe(directory, option)
+
+
+def probe_creatable(directory: Path, option: str = TRAINING_OPTION) -> None:
+    """Whether ``directory`` could be created and written, checked without leaving anything behind: a small file
+    is written, flushed and deleted in its nearest existing ancestor (a command that checks before hours of work
+    and may still stop on a bad input writes nothing). StorageError as :func:`probe_writable`'s."""
+    ancestor = directory
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise storage_error(ancestor, errno.ENOTDIR, "cannot create the directory", option)
+    _write_probe(ancestor, option)
+
+
+def _write_probe(directory: Path, option: str) -> None:
+    """Write, flush and delete a small file in ``directory``; a StorageError naming it when any of that fails."""
     probe = directory / f"{PROBE_PREFIX}{os.getpid()}"
     try:
         fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
@@ -136,7 +161,7 @@ def probe_writable(directory: Path) -> None:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise storage_error(directory, exc.errno) from None
+        raise storage_error(directory, exc.errno, "cannot write", option) from None
     finally:
         with contextlib.suppress(OSError):
             probe.unlink()
@@ -168,6 +193,23 @@ def check_free_space(directory: Path, checkpoint_bytes: int) -> None:
             format_bytes(checkpoint_bytes),
             format_bytes(needed),
         )
+
+
+def require_free_space(
+    directory: Path, needed: int, what: str, option: str = TRAINING_OPTION, named: Path | None = None
+) -> None:
+    """A StorageError (ENOSPC, naming ``option``) when ``directory``'s file system has less than ``needed``
+    bytes free for ``what``: said before a write starts rather than when the disk fills in its middle (a write
+    that HDF5 finds the disk full in may also leave the library unable to close the file, and the process
+    crashes when it exits). Nothing when the file system does not say how much is free. ``named``: the path the
+    message names (default ``directory``), e.g. the data set a temporary directory becomes."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return
+    if free < needed:
+        doing = f"cannot write {what}: {format_bytes(needed)} needed, {format_bytes(free)} free"
+        raise storage_error(named if named is not None else directory, errno.ENOSPC, doing, option)
 
 
 def format_bytes(count: float) -> str:

@@ -55,11 +55,14 @@ class EnsembleScores:
         if n_members < 1:
             raise ValueError(f"an ensemble needs at least 1 member, got n_members={n_members}")
         self.n_members = n_members
-        self.weights = latitude_weights(latitudes).double()  # (H,), averaging 1
+        # (H,), averaging 1, in float64: given in each add()'s precision, float32's rounded once
+        self.weights = latitude_weights(latitudes, torch.float64)
         self.mean_mse_sum = np.zeros((n_leads, n_channels))
         self.crps_sum = np.zeros((n_leads, n_channels))
         self.variance_sum = np.zeros((n_leads, n_channels))
         self.rank_counts = np.zeros((n_leads, n_channels, n_members + 1), dtype=np.int64)
+        # (leads, M): the initial times at which each member held a NaN or infinite value anywhere
+        self.nonfinite_counts = np.zeros((n_leads, n_members), dtype=np.int64)
         self.count = np.zeros(n_leads, dtype=np.int64)
         self.tie_generator = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on any device
 
@@ -91,6 +94,8 @@ class EnsembleScores:
             variance = (centred * centred).sum(dim=1) / (self.n_members - 1)
             self.variance_sum[lead] += _per_time_sum(weighted_grid_mean(variance, weights))
         self.rank_counts[lead] += self._rank_counts(ordered, truth)
+        nonfinite = ~torch.isfinite(members).flatten(2).all(dim=2)  # (N, M)
+        self.nonfinite_counts[lead] += nonfinite.sum(dim=0).cpu().numpy()
         self.count[lead] += members.shape[0]
 
     def _rank_counts(self, ordered: torch.Tensor, truth: torch.Tensor) -> np.ndarray:
@@ -115,7 +120,21 @@ class EnsembleScores:
 
     def running_sums(self) -> list[np.ndarray]:
         """Every running sum and count, the arrays themselves (ranks add them up)."""
-        return [self.mean_mse_sum, self.crps_sum, self.variance_sum, self.rank_counts, self.count]
+        return [
+            self.mean_mse_sum,
+            self.crps_sum,
+            self.variance_sum,
+            self.rank_counts,
+            self.nonfinite_counts,
+            self.count,
+        ]
+
+    def nonfinite_members(self) -> tuple[list[int], int | None]:
+        """The members (indices, 0 the first) that held a NaN or infinite value at any lead, and the first lead
+        index where any did (None: every member stayed finite)."""
+        leads = np.flatnonzero(self.nonfinite_counts.any(axis=1))
+        members = np.flatnonzero(self.nonfinite_counts.any(axis=0))
+        return members.tolist(), int(leads[0]) if len(leads) else None
 
     def ensemble_mean_rmse(self) -> np.ndarray:
         """(leads, C): the square root of the mean over initial times of the ensemble mean's weighted MSE."""

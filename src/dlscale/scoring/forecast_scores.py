@@ -17,7 +17,11 @@ WeatherBench2's conventions, on fields in physical units:
   is the climatology has no anomaly, so its ACC is undefined (NaN, ``null`` in JSON), not 0.
 
 The sums are float64 and per initial time, so a forecast scored in batches of initial times gives the same
-numbers as one scored at once (up to float64 rounding).
+numbers as one scored at once (up to float64 rounding). Grid means run in the fields' precision (float32 for a
+model's, float64 for a float64 forecast ``dlscale score`` reads). A NaN or infinite value in a forecast or its
+truth makes all three scores of that lead and channel NaN: none is averaged over fewer initial times than the
+others in silence. An ACC left undefined at an initial time (no anomaly) is left out of its mean (``acc_count``
+counts the initial times it averages).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ class ForecastScores:
     times."""
 
     def __init__(self, n_leads: int, n_channels: int, latitudes: np.ndarray):
-        self.weights = latitude_weights(latitudes).double()  # (H,), averaging 1
+        # (H,), averaging 1, in float64: given in each add()'s precision, float32's rounded once
+        self.weights = latitude_weights(latitudes, torch.float64)
         self.has_acc = False  # whether any add() came with a climatology
         self.mse_sum = np.zeros((n_leads, n_channels))
         self.error_sum = np.zeros((n_leads, n_channels))  # of each initial time's weighted mean error
@@ -65,10 +70,11 @@ class ForecastScores:
             climatology = climatology.to(device=forecast.device, dtype=forecast.dtype)
             if truth_anomaly is None:
                 truth_anomaly = truth - climatology
-            acc = anomaly_correlation(forecast - climatology, truth_anomaly, weights)  # (N, C)
-            defined = torch.isfinite(acc)
-            self.acc_sum[lead] += torch.where(defined, acc, 0.0).double().sum(dim=0).cpu().numpy()
-            self.acc_count[lead] += defined.sum(dim=0).cpu().numpy()
+            # (N, C); an undefined ACC (no anomaly) is left out of the mean, a NaN one (a NaN or infinite value
+            # in the fields) is not: it makes the mean NaN, as it makes the RMSE and the bias
+            acc, undefined = _anomaly_correlation(forecast - climatology, truth_anomaly, weights)
+            self.acc_sum[lead] += torch.where(undefined, 0.0, acc).double().sum(dim=0).cpu().numpy()
+            self.acc_count[lead] += (~undefined).sum(dim=0).cpu().numpy()
 
     def running_sums(self) -> list[np.ndarray]:
         """Every running sum and count, the arrays themselves: what ranks that scored different initial times add
@@ -98,12 +104,20 @@ def anomaly_correlation(
     forecast_anomaly: torch.Tensor, truth_anomaly: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
     """(N, C): the weighted, uncentred correlation over the grid of two (N, C, H, W) anomaly fields (``weights``:
-    one per row); NaN where either has no anomaly at all."""
+    one per row); NaN where either has no anomaly at all (or holds NaN or infinite values)."""
+    return _anomaly_correlation(forecast_anomaly, truth_anomaly, weights)[0]
+
+
+def _anomaly_correlation(
+    forecast_anomaly: torch.Tensor, truth_anomaly: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`anomaly_correlation`, and where it is undefined (N, C): either anomaly is zero everywhere."""
     covariance = weighted_grid_mean(forecast_anomaly * truth_anomaly, weights)
     forecast_power = weighted_grid_mean(forecast_anomaly * forecast_anomaly, weights)
     truth_power = weighted_grid_mean(truth_anomaly * truth_anomaly, weights)
     denominator = torch.sqrt(forecast_power * truth_power)
-    return torch.where(denominator > 0, covariance / denominator, torch.full_like(covariance, float("nan")))
+    acc = torch.where(denominator > 0, covariance / denominator, torch.full_like(covariance, float("nan")))
+    return acc, denominator == 0
 
 
 def weighted_grid_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

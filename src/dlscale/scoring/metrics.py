@@ -23,10 +23,13 @@ def relative_l2_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Te
     return relative_l2_per_sample(prediction, target).mean()
 
 
-def latitude_weights(latitudes_deg: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Area weights cos(latitude) for each grid row, scaled to average 1 (rows at the poles weigh 0)."""
+def latitude_weights(
+    latitudes_deg: np.ndarray | torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Area weights cos(latitude) for each grid row, scaled to average 1 (rows at the poles weigh 0), computed
+    in float64 and given in ``dtype``."""
     weights = torch.cos(torch.deg2rad(torch.as_tensor(latitudes_deg, dtype=torch.float64)))
-    return (weights / weights.mean()).float()
+    return (weights / weights.mean()).to(dtype)
 
 
 def weighted_rmse_per_sample(

@@ -1,14 +1,33 @@
 """``--perturb``: what makes an ensemble's members differ, as the user writes it (``gaussian:SCALE[:LENGTH_KM]``
-or ``dropout``), checked before torch is imported; :mod:`dlscale.scoring.perturbations` makes the members."""
+or ``dropout``), checked before torch is imported; :mod:`dlscale.scoring.perturbations` makes the members.
+
+The bounds and why:
+
+* ``SCALE`` is in standard deviations of each channel over the training data (the model reads normalized states),
+  so it is the perturbation's size against the whole variability of the field. The errors of an analysis are a
+  few hundredths to a few tenths of that; 1 is a perturbation as large as the difference between two random
+  days, and states more than a few standard deviations from the mean lie outside anything the model was trained
+  on. So ``SCALE`` runs from ``MIN_SCALE`` (1e-6: float32 states of order 1 hold about 7 significant digits,
+  so smaller noise is mostly rounded away and the members are copies of the control) to ``MAX_SCALE`` (10, far
+  beyond any calibrated ensemble but still a finite input; ``gaussian:1e30`` gives members of NaN).
+* ``LENGTH_KM`` is a correlation length over the sphere, so 0 (white noise) up to half the Earth's circumference
+  (about 20,000 km, the largest distance between two points: a longer length correlates the whole globe alike
+  and is refused).
+"""
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from dlscale.errors import ConfigError
 
 GAUSSIAN, DROPOUT = "gaussian", "dropout"
+MIN_SCALE, MAX_SCALE = 1e-6, 10.0  # standard deviations of each channel (see the module's docstring)
+# The Earth's radius WeatherBench2 uses (dlscale.scoring.spectra.EARTH_RADIUS_M; that module imports torch).
+EARTH_RADIUS_KM = (6357 + 6378) / 2
+HALF_CIRCUMFERENCE_KM = math.pi * EARTH_RADIUS_KM  # the largest great-circle distance
 
 
 @dataclass(frozen=True)
@@ -42,11 +61,29 @@ def parse_perturbation(text: str) -> Perturbation:
         raise ConfigError(
             f"--perturb {text!r}: SCALE must be a number above 0 (standard deviations), got {scale}"
         )
+    if scale > MAX_SCALE:
+        raise ConfigError(
+            f"--perturb {text!r}: SCALE {scale:g} is beyond {MAX_SCALE:g} standard deviations of each channel, "
+            "far outside the states the model was trained on (an analysis errs by a few hundredths to a few "
+            "tenths); choose SCALE on the validation split, e.g. gaussian:0.05"
+        )
+    if scale < MIN_SCALE:
+        raise ConfigError(
+            f"--perturb {text!r}: SCALE {scale:g} is below {MIN_SCALE:g} standard deviations: float32 states "
+            "(about 7 significant digits) keep almost nothing of it, and the members would be copies of the "
+            "control; e.g. gaussian:0.05"
+        )
     length = None
     if len(parts) == 3:
         length = _number(parts[2], text, "LENGTH_KM")
         if not length >= 0:
             raise ConfigError(f"--perturb {text!r}: LENGTH_KM must be 0 (white noise) or more, got {length}")
+        if length > HALF_CIRCUMFERENCE_KM:
+            raise ConfigError(
+                f"--perturb {text!r}: LENGTH_KM {length:g} is beyond half the Earth's circumference "
+                f"({HALF_CIRCUMFERENCE_KM:.0f} km, the largest distance on the globe): a correlation length runs "
+                "from 0 (white noise) to that; the default is 500"
+            )
     return Perturbation(GAUSSIAN, scale, length)
 
 
@@ -63,6 +100,10 @@ def _number(part: str, text: str, name: str) -> float:
 def check_ensemble_options(members: int, perturb: str | None) -> Perturbation | None:
     """``--members`` and ``--perturb`` together: the perturbation of an ensemble of ``members`` (None for one
     member), or a ConfigError naming the option that is wrong and what it expects."""
+    if isinstance(members, bool) or not isinstance(members, numbers.Integral):
+        raise ConfigError(
+            f"--members {members!r}: expected a whole number of members >= 1 (1: the deterministic forecast)"
+        )
     if members < 1:
         raise ConfigError(
             f"--members {members}: expected a number of members >= 1 (1: the deterministic forecast)"

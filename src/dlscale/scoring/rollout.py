@@ -100,7 +100,9 @@ class Rollout:
     forecasts: np.ndarray | None  # (N, steps, C, H, W) float32, physical units, when kept; (N, M, steps, ...)
     # for an ensemble of M members
     maps: RolloutMaps | None
-    first_nonfinite_lead: int | None  # the first lead index where the model's forecast held NaN/inf
+    # the first lead index where the model's forecast (an ensemble's control) held NaN/inf; the members':
+    # ensemble.members.nonfinite_members()
+    first_nonfinite_lead: int | None
     # The model's and the truth's zonal energy spectra at mid-latitudes; None on a grid without that band.
     spectra: ZonalSpectra | None = None
     ensemble: EnsembleRollout | None = None
@@ -193,7 +195,8 @@ def roll_out(
                 score_lead(scores, lead, forecasts, truth, reference)
                 if spectra is not None:
                     spectra.add(lead, forecast, truth)
-                if first_nonfinite is None and not bool(torch.isfinite(kept_forecast).all()):
+                # the model's own forecast (the control); an ensemble's members count theirs in its scores
+                if first_nonfinite is None and not bool(torch.isfinite(forecast).all()):
                     first_nonfinite = lead
                 if kept is not None:
                     kept[first : first + len(batch), ..., lead - 1, :, :, :] = kept_forecast.cpu().numpy()

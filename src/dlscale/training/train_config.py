@@ -48,8 +48,9 @@ class TrainConfig:
     healthy_steps_before_save: int = 1
     # Multi-step training (dlscale.training.rollout_loss): each sample is rollout_steps + 1 consecutive states and
     # the loss the mean over that many autoregressive steps; rollout_schedule grows it during the run
-    # ("epoch 0=1, 2=2, 4=4": dlscale.training.rollout_curriculum); rollout_checkpointing recomputes each step's
-    # activations in backward, so memory stays about one step's whatever K.
+    # ("epoch 0=1, 2=2, 4=4": dlscale.training.rollout_curriculum) instead (with a schedule, rollout_steps stays
+    # 1); rollout_checkpointing recomputes each step's activations in backward, so memory stays about one step's
+    # whatever K.
     rollout_steps: int = 1
     rollout_schedule: str | None = None
     rollout_checkpointing: bool = False
@@ -109,13 +110,16 @@ class TrainConfig:
                 "rollout_steps", f"must be >= 1 (1: one-step training), got {self.rollout_steps}"
             )
         if self.rollout_schedule is not None:
-            schedule = parse_rollout_schedule(self.rollout_schedule)
-            if self.rollout_steps not in (1, schedule.max_steps):
+            parse_rollout_schedule(self.rollout_schedule)
+            # Both given, the schedule would decide K and rollout_steps say something else. A section sees its
+            # values with the defaults filled in (and a checkpoint's recorded config holds every key), so an
+            # explicit rollout_steps of 1 cannot be told from the default: 1 is read as "not given".
+            if self.rollout_steps != 1:
                 raise InvalidValue(
                     "rollout_steps",
-                    f"{self.rollout_steps} disagrees with rollout_schedule {self.rollout_schedule!r}, whose largest "
-                    f"K is {schedule.max_steps}; leave rollout_steps at 1 (the schedule decides) or set it to "
-                    f"{schedule.max_steps}",
+                    f"{self.rollout_steps} and train.rollout_schedule {self.rollout_schedule!r} are both given: "
+                    "give one of them (a schedule decides K at every step; set train.rollout_steps=1 or drop "
+                    "train.rollout_schedule)",
                 )
         if self.cuda_graphs and self.max_rollout_steps > 1:
             raise InvalidValue(

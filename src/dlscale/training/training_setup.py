@@ -45,6 +45,10 @@ class RunRecord:
     # checkpoint it resumed from, set by the loggers when they open a run, and saved with every checkpoint, so
     # that a resumed or requeued run continues the same runs. Metadata: no number of the training reads it.
     logger_runs: dict[str, str] = field(default_factory=dict, compare=False)
+    # Where a weights-only start took its weights from (dlscale.checkpoint.weights_start): set by that start,
+    # taken from the run's own checkpoint when it continues, saved with every checkpoint, so that the same
+    # command launched again continues the run. Metadata, like logger_runs.
+    weights_start: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 class FlopsRating(Protocol):

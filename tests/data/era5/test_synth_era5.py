@@ -11,7 +11,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from mounted_disks import mounted_tmpfs
 
+from dlscale.cli import main
 from dlscale.data.era5 import synth as synth_era5
 from dlscale.data.era5.atmosphere import Grid, SyntheticAtmosphere
 from dlscale.data.era5.config import ERA5DataConfig
@@ -369,3 +371,22 @@ def test_bad_spec_values_raise(changes: dict) -> None:
 def test_years_are_consecutive_across_splits() -> None:
     assert SMALL.years() == {"train": [1979, 1980], "valid": [1981], "test": [1982]}
     assert SynthERA5Spec(first_year=2000, test_years=0).years()["test"] == []
+
+
+# ---- a full disk ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("generator", ["synth-era5", "synth-mnist"])
+def test_a_full_disk_is_one_line_exit_74_naming_out_and_leaves_nothing(generator, tmp_path, capsys):
+    """synth-era5 knows its size and refuses before its first file; synth-mnist fails in its middle: both one
+    line naming --out, nothing left (neither the data set nor its .partial directory)."""
+    place = tmp_path / "place"
+    options = ["--preset", "tiny"] if generator == "synth-era5" else []
+    with mounted_tmpfs(place, "size=200k"):
+        assert main(["data", generator, "--out", str(place / "data"), *options]) == 74
+        error = capsys.readouterr().err.strip().splitlines()
+        assert list(place.iterdir()) == []
+    assert len(error) == 1 and error[0].startswith(f"dlscale: error: {place / 'data'}: cannot write"), error
+    assert error[0].endswith("the disk is full: free some space or choose another --out"), error
+    if generator == "synth-era5":
+        assert "needed" in error[0], error

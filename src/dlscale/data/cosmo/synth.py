@@ -119,6 +119,7 @@ def write_synthetic_cosmo(out: Path, spec: SynthCosmoSpec, progress: Callable[[s
         "synth-cosmo",
         recognized=lambda path: existing_spec(path) is not None,
         fill=lambda partial: _write_files(partial, spec, progress),
+        size_bytes=spec.size_bytes(),
     )
 
 

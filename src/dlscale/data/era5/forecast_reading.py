@@ -8,7 +8,7 @@ dimensions is one channel, or one per level (``geopotential`` at 500 hPa is ``z5
 (``z500``, ``t2m``: ``--names short``) are read. A level variable of ours names the levels that hold a channel
 in its ``channels`` attribute (the others are NaN), so only those are channels. Variables on other dimensions
 (a bounds variable) and level variables of a field with no short name are left out, and listed in
-:attr:`ForecastFile.left_out`.
+:attr:`ForecastFile.left_out` (the latter, fields meant as channels, in :attr:`ForecastFile.unnamed` too).
 
 An ensemble has WeatherBench2's ensemble dimension ``number`` on its fields (anywhere among their dimensions;
 ours and WeatherBench2's IFS ENS store put it after ``time``), and then every field must have it: a field
@@ -16,6 +16,13 @@ without members beside fields with them is one line, not a guess. The members ar
 ``number``; the first is the control where it is number 0 (ECMWF's numbering and ours), otherwise
 (WeatherBench2's IFS ENS store numbers its perturbed members from 1 and holds no control) the first is only the
 member scored alone, and :attr:`ForecastFile.control` says which it is.
+
+Coordinates are scored by value, so each may come in any order, and none may hold a value twice (0 and 360
+are one longitude) or a missing one (NaT, NaN): one line naming the file, the coordinate and the value. Levels
+in Pa (a ``units`` attribute ``Pa``, or every level above :data:`~dlscale.data.era5.importing.names.MOST_HPA`) are read as hPa, and leads stored
+as numbers with a ``units`` attribute (CF's ``hours``, which xarray leaves undecoded) as durations;
+:attr:`ForecastFile.level_note` and :attr:`ForecastFile.lead_note` say so for the console. The fields are read
+in the file's precision (:attr:`ForecastFile.dtype`: float32, or float64 for float64 or wide integer ones).
 
 Opening reads coordinates only (lazily, without dask): :meth:`ForecastFile.read` reads the fields of a few
 initial times at one lead, so a 10-day forecast of several GB is never in memory at once.
@@ -30,14 +37,24 @@ from typing import Any
 
 import numpy as np
 
-from dlscale.data.era5.importing.names import channel_of_field
+from dlscale.data.era5.chunk_files import StoreChunks
+from dlscale.data.era5.damaged_reads import read_values
+from dlscale.data.era5.importing.names import channel_of_field, levels_in_hpa
 from dlscale.data.era5.importing.source import is_zarr_store
 from dlscale.data.era5.optional_modules import require_era5_module
+from dlscale.data.era5.store_metadata import check_local_zarr_metadata
 from dlscale.errors import DataError
 
 TIME, LEAD, LATITUDE, LONGITUDE, LEVEL = "time", "prediction_timedelta", "latitude", "longitude", "level"
 MEMBER = "number"  # WeatherBench2's ensemble dimension (its evaluation's --ensemble_dim default)
 REQUIRED_DIMS = (TIME, LEAD, LATITUDE, LONGITUDE)
+# A lead given as numbers: its units attribute (CF's, and the short forms) -> numpy's unit
+LEAD_UNITS = {
+    **{name: "h" for name in ("hours", "hour", "h", "hrs")},
+    **{name: "m" for name in ("minutes", "minute", "min")},
+    **{name: "s" for name in ("seconds", "second", "s")},
+    **{name: "D" for name in ("days", "day", "d")},
+}
 LAYOUT = (
     "WeatherBench2's forecast layout: dimensions time, prediction_timedelta, latitude, longitude (and level)"
 )
@@ -60,6 +77,8 @@ class ForecastFile:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._dataset = _open(self.path)
+        # The chunk files each read is about to read, checked first (a local zarr store; nothing for netCDF)
+        self._chunks = StoreChunks(self.path if self.path.is_dir() else None)
         dims = set(map(str, self._dataset.dims))
         missing = [dim for dim in REQUIRED_DIMS if dim not in dims]
         if missing:
@@ -70,21 +89,27 @@ class ForecastFile:
         self.times = np.asarray(self._dataset[TIME].values)
         if not np.issubdtype(self.times.dtype, np.datetime64):
             raise DataError(
-                f"{self.path}: its initial times ('time') are not dates ({self.times.dtype}); scoring against a "
-                "truth store finds each valid time, time + prediction_timedelta, by date"
+                f"{self.path}: its initial times ('time') are not dates ({self.times.dtype}, without units xarray "
+                "decodes); scoring against a truth store finds each valid time, time + prediction_timedelta, by "
+                "date: give 'time' CF units (e.g. 'hours since 2018-01-01') or dates"
             )
         self.times = self.times.astype("datetime64[ns]")
-        leads = np.asarray(self._dataset[LEAD].values)
-        if not np.issubdtype(leads.dtype, np.timedelta64):
-            raise DataError(
-                f"{self.path}: its leads ('prediction_timedelta') are not durations ({leads.dtype})"
-            )
-        self.leads = leads.astype("timedelta64[ns]")
-        self.latitudes = np.array(
-            self._dataset[LATITUDE].values, np.float64
-        )  # a copy: xarray's may be read-only
+        _check_coordinate(self.path, TIME, self.times, np.isnat(self.times))
+        self.leads, self.lead_note = self._leads()
+        _check_coordinate(self.path, LEAD, self.leads, np.isnat(self.leads))
+        # copies, in float64: xarray's may be read-only
+        self.latitudes = np.array(self._dataset[LATITUDE].values, np.float64)
         self.longitudes = np.array(self._dataset[LONGITUDE].values, np.float64)
+        _check_coordinate(self.path, LATITUDE, self.latitudes, ~np.isfinite(self.latitudes))
+        # 0 and 360 are one longitude
+        wrapped = np.where(np.isfinite(self.longitudes), self.longitudes % 360.0, self.longitudes)
+        _check_coordinate(self.path, LONGITUDE, wrapped, ~np.isfinite(self.longitudes))
         self.left_out: list[str] = []
+        # Fields on the forecast's dimensions that are no channel (a level variable without a channel name, a
+        # level not in whole hPa): what score counts, beside the channels, as the forecast's fields.
+        self.unnamed: list[str] = []
+        # The levels in hPa, and how they were read when the file gives them in Pa (None: as they are).
+        self.levels_hpa, self.level_note = self._levels()
         # An ensemble's member numbers in increasing order and their positions along the file's `number`
         # (None: a deterministic forecast)
         self.members, self._member_order = self._members()
@@ -138,6 +163,56 @@ class ForecastFile:
             "and dlscale's), so one perturbed member is scored alone in its place"
         )
 
+    def _leads(self) -> tuple[np.ndarray, str | None]:
+        """The leads as durations (timedelta64[ns]), and a note when the file gives them as numbers with their
+        unit in a ``units`` attribute (``hours``, as CF writes them, which xarray leaves undecoded)."""
+        coordinate = self._dataset[LEAD]
+        leads = np.asarray(coordinate.values)
+        if np.issubdtype(leads.dtype, np.timedelta64):
+            return leads.astype("timedelta64[ns]"), None
+        units = str(coordinate.attrs.get("units", "")).strip()
+        unit = LEAD_UNITS.get(units.lower())
+        if (
+            not (np.issubdtype(leads.dtype, np.integer) or np.issubdtype(leads.dtype, np.floating))
+            or unit is None
+        ):
+            raise DataError(
+                f"{self.path}: its leads ('prediction_timedelta') are not durations ({leads.dtype}"
+                f"{f', units {units!r}' if units else ', no units'}); give them as durations (numpy timedelta64) "
+                f"or numbers with a units attribute, one of {', '.join(sorted(set(LEAD_UNITS)))}"
+            )
+        nanoseconds = np.asarray(leads, np.float64) * (np.timedelta64(1, unit) / np.timedelta64(1, "ns"))
+        durations = np.where(np.isfinite(nanoseconds), nanoseconds, 0).round().astype("timedelta64[ns]")
+        durations[~np.isfinite(nanoseconds)] = np.timedelta64("NaT")
+        return (
+            durations,
+            f"{self.path}: its leads are numbers in {units} (its units attribute): read as durations",
+        )
+
+    def _levels(self) -> tuple[np.ndarray | None, str | None]:
+        """The ``level`` coordinate in hPa, and a note when the file gives it in Pa (its ``units`` attribute
+        says ``Pa``, or every level is above 1100, where no atmosphere's pressure in hPa is): read divided by
+        100. Duplicated or non-finite levels are refused."""
+        if LEVEL not in self._dataset.variables and LEVEL not in self._dataset.dims:
+            return None, None
+        coordinate = self._dataset[LEVEL]
+        levels = np.asarray(coordinate.values, np.float64)
+        _check_coordinate(self.path, LEVEL, levels, ~np.isfinite(levels))
+        in_hpa, why = levels_in_hpa(levels, str(coordinate.attrs.get("units", "")))
+        if why is None:
+            return levels, None
+        return np.asarray(in_hpa, np.float64), (
+            f"{self.path}: its levels are in Pa ({why}): read as hPa, divided by 100 "
+            f"({levels[0]:g} Pa is {levels[0] / 100:g} hPa)"
+        )
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The precision the channels are read in: float32, or float64 where a channel's variable holds more
+        (float64, or integers beyond float32's 24 bits); float16 is read as float32."""
+        variables = {channel.variable for channel in self.channels}
+        return np.result_type(np.float32, *(self._dataset[name].dtype for name in sorted(variables)))
+
     def _channels(self) -> list[ForecastChannel]:
         found: list[ForecastChannel] = []
         allowed = {*REQUIRED_DIMS, LEVEL, *([MEMBER] if self.members is not None else [])}
@@ -160,10 +235,13 @@ class ForecastFile:
                 continue
             listed = array.attrs.get("channels")  # ours: the levels that hold a channel
             kept = set(str(listed).split(",")) if listed else None
-            for at, level in enumerate(np.asarray(array[LEVEL].values)):
-                name = channel_of_field(str(variable), int(level))
+            assert self.levels_hpa is not None  # a variable on `level` has the coordinate
+            for at, level in enumerate(self.levels_hpa):
+                name = channel_of_field(str(variable), int(level)) if float(level).is_integer() else None
                 if name is None:
-                    self.left_out.append(f"{variable} at {level:g} hPa (no channel name for it)")
+                    why = "no channel name for it" if float(level).is_integer() else "not a whole hPa"
+                    self.left_out.append(f"{variable} at {level:g} hPa ({why})")
+                    self.unnamed.append(f"{variable} at {level:g} hPa")
                 elif kept is None or name in kept:
                     found.append(
                         ForecastChannel(name, str(variable), at, unit, f"{long_name} at {level:g} hPa")
@@ -181,13 +259,15 @@ class ForecastFile:
         channels: Sequence[str],
         rows: np.ndarray,
         columns: np.ndarray,
+        dtype: np.dtype | None = None,
     ) -> np.ndarray:
-        """float32 (N, C, H, W): ``channels`` at the initial times ``time_indices`` and the lead ``lead_index``,
-        on the file's rows ``rows`` and columns ``columns`` (the scoring grid's, in its order); an ensemble's
-        (N, M, C, H, W), every member, in increasing ``number``."""
+        """(N, C, H, W) of ``dtype`` (default :attr:`dtype`): ``channels`` at the initial times ``time_indices``
+        and the lead ``lead_index``, on the file's rows ``rows`` and columns ``columns`` (the scoring grid's, in its
+        order); an ensemble's (N, M, C, H, W), every member, in increasing ``number``."""
         by_name = {channel.name: channel for channel in self.channels}
         members = () if self.members is None else (len(self.members),)
-        out = np.empty((len(time_indices), *members, len(channels), len(rows), len(columns)), np.float32)
+        shape = (len(time_indices), *members, len(channels), len(rows), len(columns))
+        out = np.empty(shape, self.dtype if dtype is None else dtype)
         selection: dict[str, Any] = {TIME: np.asarray(time_indices), LEAD: lead_index}
         order = (TIME, LATITUDE, LONGITUDE)
         if self.members is not None:
@@ -197,12 +277,50 @@ class ForecastFile:
             channel = by_name[name]
             array = self._dataset[channel.variable]
             chosen = dict(selection, **({LEVEL: channel.level_at} if channel.level_at is not None else {}))
-            values = array.isel(chosen).transpose(*order).values
+            # Each chunk file this read needs, checked first (a link loop, a directory, a pipe: one line)
+            checked = self._chunks.check(
+                channel.variable, array.dims, chosen, what := self._what(channel, chosen)
+            )
+            values = read_values(array.isel(chosen).transpose(*order), str(self.path), what + checked.text())
             out[..., c, :, :] = values[..., rows, :][..., columns]
         return out
 
+    def _what(self, channel: ForecastChannel, chosen: dict[str, Any]) -> str:
+        """The read of ``channel`` at ``chosen`` in a message: 'variable 't2m' at lead 6 h, initial times
+        2018-01-01T00:00 .. 2018-01-02T00:00'."""
+        hours = float(self.leads[int(chosen[LEAD])] / np.timedelta64(1, "h"))
+        times = self.times[np.atleast_1d(chosen[TIME])]
+        span = " .. ".join(dict.fromkeys(str(t.astype("datetime64[m]")) for t in (times[0], times[-1])))
+        return f"variable {channel.variable!r} at lead {hours:g} h, initial times {span}"
+
     def close(self) -> None:
         self._dataset.close()
+
+
+def _check_coordinate(path: Path, name: str, values: np.ndarray, invalid: np.ndarray) -> None:
+    """A coordinate scored by value holds no missing value (NaT, NaN) and no value twice: one line naming the
+    file, the coordinate and the value otherwise."""
+    if invalid.any():
+        at = int(np.argmax(invalid))
+        raise DataError(
+            f"{path}: its {name!r} coordinate holds {values[at]} at position {at}; every {name} must be a value"
+        )
+    unique, counts = np.unique(values, return_counts=True)
+    if (counts > 1).any():
+        raise DataError(
+            f"{path}: its {name!r} coordinate holds {_value_text(unique[np.argmax(counts > 1)])} "
+            f"{int(counts.max())} times; each {name} must appear once (a forecast is scored by value: drop the "
+            "repeats, e.g. with xarray's drop_duplicates)"
+        )
+
+
+def _value_text(value: Any) -> str:
+    """A coordinate's value as a user reads it: a date to the minute, a lead in hours, a number in short."""
+    if isinstance(value, np.datetime64):
+        return str(np.datetime_as_string(value, unit="m"))
+    if isinstance(value, np.timedelta64):
+        return f"{value / np.timedelta64(1, 'h'):g} h"
+    return f"{float(value):g}"
 
 
 def check_forecast_path(path: Path) -> None:
@@ -219,6 +337,8 @@ def _open(path: Path) -> Any:
     """The forecast as a lazily read xarray Dataset (no dask: a read pulls only the chunks it needs)."""
     xarray = require_era5_module("xarray", f"reading the forecast {path}")
     check_forecast_path(path)
+    if path.is_dir():
+        check_local_zarr_metadata(path)  # before xarray reads it: a codec that could run code is refused
     try:
         if path.is_dir():
             return xarray.open_zarr(path, chunks=None, consolidated=None)

@@ -113,6 +113,7 @@ def write_synthetic_era5(
         "synth-era5",
         recognized=lambda path: existing_spec(path) is not None,
         fill=lambda partial: _write_files(partial, spec, report, workers),
+        size_bytes=spec.size_bytes(),
     )
 
 

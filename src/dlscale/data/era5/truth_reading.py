@@ -20,6 +20,8 @@ from dlscale.data.era5.importing.names import ChannelSource, resolve_channels
 from dlscale.data.era5.importing.source import ERA5Source, open_source
 from dlscale.errors import DataError
 
+SCAN_BYTES = 64 << 20  # the most one read of unusable_times holds: one variable, its levels, some times
+
 
 @dataclass
 class TruthStore:
@@ -70,16 +72,70 @@ class TruthStore:
 
     def read(self, times: np.ndarray) -> np.ndarray:
         """float32 (N, C, H, W): the store's channels at ``times`` (each one of :attr:`times`) on the scoring
-        grid; the levels of a variable are read together."""
+        grid; the levels of a variable are read together. A chunk that cannot be read (truncated, garbage, a
+        link loop, a directory in its place) is a DataError naming the store, the variable and the time."""
         height, width = len(self.source.latitude), len(self.source.longitude)
         full = np.empty((len(self.channels), len(times), height, width), np.float32)
-        by_variable: dict[str, list[int]] = {}
-        for c, channel in enumerate(self.channels):
-            by_variable.setdefault(channel.variable, []).append(c)
-        for variable, indices in by_variable.items():
+        for variable, indices in self._channels_by_variable().items():
             levels = [self.channels[c].level_hpa for c in indices]
             self.source.read_levels(variable, levels, times, [full[c] for c in indices])
         return np.ascontiguousarray(full[:, :, self.rows][:, :, :, self.columns].transpose(1, 0, 2, 3))
+
+    def unusable_times(self, valid_times: np.ndarray) -> dict[np.datetime64, str]:
+        """The times among ``valid_times`` (datetime64, repeats allowed) whose truth cannot be scored, each with
+        why: a channel with NaN or inf at a point of the scoring grid (a chunk missing from a zarr store reads as
+        NaN, its fill value, and the reason names that chunk), or a time the store lacks. Keys are
+        datetime64[ns]; a usable store gives ``{}``.
+
+        The scorer calls this once, before scoring, with every valid time it will read (initial times plus
+        every lead): an initial time whose valid time is unusable at some lead is then left out of every lead,
+        so every score averages over the same initial times, as the document says. Found while scoring, it
+        would leave a lead's RMSE null or its ACC averaged over fewer times than the others.
+
+        Cost: one read of each distinct valid time, a variable (all its levels) at a time, as many times per
+        read as fit in :data:`SCAN_BYTES` (one state of one variable on a 0.25 degree grid; many on a coarse
+        one, where a read's own overhead would dominate); scoring reads each valid time once per initial time
+        and lead, so the scan reads a small share of what scoring reads (the distinct valid times of N initial
+        times and L leads are about N + L, scoring reads N x L). A chunk that cannot be read at all is a
+        DataError, as in :meth:`read`."""
+        wanted = np.unique(np.asarray(valid_times).astype("datetime64[ns]"))
+        held = np.isin(wanted, self.times)
+        unusable = {time: f"{self.source.description} has no state at this time" for time in wanted[~held]}
+        height, width = len(self.source.latitude), len(self.source.longitude)
+        reasons: dict[np.datetime64, list[str]] = {}
+        for variable, indices in self._channels_by_variable().items():
+            levels = [self.channels[c].level_hpa for c in indices]
+            per_read = max(1, SCAN_BYTES // (len(levels) * height * width * 4))
+            times = wanted[held]
+            for at in range(0, len(times), per_read):
+                batch = times[at : at + per_read]
+                outs = [np.empty((len(batch), height, width), np.float32) for _ in indices]
+                self.source.read_levels(variable, levels, batch, outs)
+                for c, out in zip(indices, outs, strict=True):
+                    values = out[:, self.rows][:, :, self.columns]
+                    for row in np.flatnonzero(~np.isfinite(values).all(axis=(1, 2))):
+                        reason = self._nonfinite_reason(c, batch[row], values[row])
+                        reasons.setdefault(batch[row], []).append(reason)
+        unusable.update((time, "; ".join(found)) for time, found in sorted(reasons.items()))
+        return unusable
+
+    def _nonfinite_reason(self, c: int, time: np.datetime64, values: np.ndarray) -> str:
+        channel = self.channels[c]
+        level = f" at {channel.level_hpa} hPa" if channel.level_hpa is not None else ""
+        where = f"channel {channel.name} (variable {channel.variable!r}{level})"
+        missing = self.source.missing_chunks(channel.variable, time, [channel.level_hpa])
+        if missing:
+            return f"{where}: its chunk {missing[0]} is missing from the store (zarr reads it as NaN)"
+        counts = {"NaN": int(np.isnan(values).sum()), "inf": int(np.isinf(values).sum())}
+        found = " and ".join(f"{kind} at {count}" for kind, count in counts.items() if count)
+        return f"{where} has {found} of {values.size} grid points"
+
+    def _channels_by_variable(self) -> dict[str, list[int]]:
+        """variable -> the positions of its channels, so that the levels of a variable are read together."""
+        by_variable: dict[str, list[int]] = {}
+        for c, channel in enumerate(self.channels):
+            by_variable.setdefault(channel.variable, []).append(c)
+        return by_variable
 
     def close(self) -> None:
         self.source.close()

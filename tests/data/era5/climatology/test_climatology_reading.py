@@ -1,14 +1,17 @@
 """Reading a climatology store in WeatherBench2's layout for a forecast's grid and channels: WeatherBench2's own
 (latitude south to north, dims (hour, dayofyear, level, longitude, latitude), more levels and variables than
 needed) lines up by coordinates and by plain day of year and hour; another grid, a missing channel, level or
-dimension, a path that is not a zarr store, an hour it lacks and a day without data are one line each."""
+dimension, a path that is not a zarr store, an hour it lacks and a day without data are one line each, and so
+are a damaged chunk (truncated, garbage, a link loop, a directory in its place...) and a codec that runs code."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from damaged_stores import UNREADABLE, damage, name_pickle_codec
 from era5_stores import ZARR_FORMAT_2
 
 from dlscale.data.era5.climatology.reading import ClimatologyStore
@@ -116,9 +119,15 @@ def test_another_grid_or_a_missing_channel_is_one_line(weatherbench2_store, chan
 
 def test_a_path_that_is_not_a_climatology_store_is_one_line(tmp_path):
     (tmp_path / "plain").mkdir()
+    (tmp_path / "empty.zarr").mkdir()
+    (tmp_path / "file.zarr").write_bytes(b"\x89HDF\r\n\x1a\n")
+    (tmp_path / "loop.zarr").symlink_to("loop.zarr")
     for path, message in (
         (tmp_path / "missing.zarr", "no such climatology store"),
         (tmp_path / "plain", "is not a zarr store"),
+        (tmp_path / "empty.zarr", "is not a zarr store"),
+        (tmp_path / "file.zarr", "is not a zarr store"),
+        (tmp_path / "loop.zarr", "is a symbolic link loop"),
     ):
         with pytest.raises(DataError, match=message):
             open_store(path)
@@ -135,3 +144,40 @@ def test_an_hour_the_store_lacks_and_a_day_without_data_are_one_line_naming_the_
     day_200 = np.datetime64("2017-01-01T00", "m") + np.timedelta64(199, "D")
     with pytest.raises(DataError, match=f"no climatology for channel z500 at the valid time {day_200}"):
         store.at(np.array([day_200]))
+
+
+def damaged_copy(store: Path, tmp_path: Path, chunk: str, kind: str) -> Path:
+    copy = tmp_path / store.name
+    shutil.copytree(store, copy, symlinks=True)
+    damage(copy / chunk, kind)
+    return copy
+
+
+@pytest.mark.parametrize("kind", UNREADABLE)
+def test_an_unreadable_chunk_is_one_line_naming_store_variable_and_chunk(weatherbench2_store, tmp_path, kind):
+    store = open_store(damaged_copy(weatherbench2_store, tmp_path, "geopotential/0.0.0.0.0", kind))
+    with pytest.raises(DataError) as raised:
+        store.at(np.array(["2017-01-01T00"], dtype="datetime64[m]"))
+    message = str(raised.value)
+    assert message.startswith(
+        f"{store.path}: variable 'geopotential' for channel z500 at the valid time 2017-01-01"
+    )
+    assert "geopotential/0.0.0.0.0" in message and "\n" not in message
+
+
+def test_a_missing_chunk_is_named_where_the_climatology_is_missing(weatherbench2_store, tmp_path):
+    store = open_store(damaged_copy(weatherbench2_store, tmp_path, "2m_temperature/0.0.0.0", "missing"))
+    with pytest.raises(
+        DataError, match=r"no climatology for channel t2m .*its chunk 2m_temperature/0.0.0.0 is missing"
+    ):
+        store.at(np.array(["2017-01-01T00"], dtype="datetime64[m]"))
+
+
+def test_a_store_naming_the_pickle_codec_is_refused_without_running_it(weatherbench2_store, tmp_path):
+    copy = tmp_path / weatherbench2_store.name
+    shutil.copytree(weatherbench2_store, copy)
+    marker = tmp_path / "code-ran"
+    name_pickle_codec(copy, "2m_temperature", marker)
+    with pytest.raises(DataError, match=r"variable '2m_temperature' names the codec 'pickle'.*runs any code"):
+        open_store(copy).at(np.array(["2017-01-01T00"], dtype="datetime64[m]"))
+    assert not marker.exists()

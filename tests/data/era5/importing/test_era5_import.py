@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("xarray")
 pytest.importorskip("zarr")
 
+from damaged_stores import chunk_of, damage  # noqa: E402
 from era5_stores import (  # noqa: E402
     random_truth,
     six_hourly_times,
@@ -25,6 +26,7 @@ from era5_stores import (  # noqa: E402
     write_wb2,
 )
 
+from dlscale.cli import main  # noqa: E402
 from dlscale.data.era5.importing.importer import ImportRequest, import_era5  # noqa: E402
 from dlscale.data.era5.importing.names import resolve_channels  # noqa: E402
 from dlscale.data.era5.importing.plan import parse_split, year_files  # noqa: E402
@@ -333,6 +335,30 @@ def test_nan_is_reported_with_channel_and_time_and_allow_nan_keeps_it(truth, tim
         np.nanstd(train, axis=(0, 2, 3)),
         rtol=1e-6,
     )
+
+
+@pytest.mark.parametrize("kind", ["truncated", "directory"])
+def test_a_damaged_chunk_is_one_line_exit_2_no_half_file_and_the_earlier_years_kept(
+    kind, truth, times, tmp_path, capsys
+):
+    """A chunk of 1981 (the third year) that cannot be read: one line naming the store, the variable and the
+    time, through the command; the two years before it are whole, and 1981 leaves no file, half or whole."""
+    store = write_wb2(tmp_path / "wb2.zarr", truth, times)
+    damage(chunk_of(store, "2m_temperature", 2 * STEPS + 2), kind)  # 1981-01-01T12
+    out = tmp_path / "out"
+    command = ["data", "import-era5", str(store), "--out", str(out), "--split", SPLIT, "--progress", "none"]
+    assert main(command) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith(f"dlscale: error: {store}: variable '2m_temperature'"), (
+        error
+    )
+    assert "1981-01-01T12" in error[0] and "2m_temperature/18.0.0" in error[0]
+    assert "2 finished year files" in error[0] and "a rerun continues" in error[0]
+    for index, year in enumerate(YEARS[:2]):
+        rows = slice(index * STEPS, (index + 1) * STEPS)
+        np.testing.assert_array_equal(read_fields(out / "train" / f"{year}.h5"), stacked(truth, rows))
+    assert not (out / "valid").exists() or not list((out / "valid").iterdir())
+    assert not (out / "test").exists() and not (out / "manifest.json").exists()
 
 
 def test_netcdf_files_on_different_grids_are_refused(truth, times, tmp_path):

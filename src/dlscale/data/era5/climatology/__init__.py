@@ -10,6 +10,10 @@ correlation and the climatology forecaster of ``dlscale forecast``.
   latitude band;
 * :mod:`~dlscale.data.era5.climatology.store_layout`: WeatherBench2's climatology layout (dims, variable names,
   chunks, attributes) and writing it atomically;
+* :mod:`~dlscale.data.era5.climatology.building`: ``dlscale data climatology`` (and the end of an import): the
+  checks, the computation into a temporary store and its publication under the store's lock;
+* :mod:`~dlscale.data.era5.climatology.coverage`: the days of the year a store has no data for, in words, and
+  what a forecast does on them;
 * :mod:`~dlscale.data.era5.climatology.reading`: opening a climatology store and the fields at given valid
   times, on our grid and channels.
 

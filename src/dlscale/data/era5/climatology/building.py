@@ -1,12 +1,21 @@
 """``dlscale data climatology`` (and the end of ``dlscale data import-era5``): find the year files, check the
 years, compute the climatology into a temporary store beside ``stats/climatology.zarr`` and rename it into
-place, so a reader sees the previous store or the complete new one, never half of one."""
+place, so a reader sees the previous store or the complete new one, never half of one.
+
+The store is written under its lock (:mod:`dlscale.runtime.output_directory`: another process writing it is
+refused, what killed writers left is removed first), a failed write waits for zarr's writer threads before its
+temporary store is removed (:mod:`dlscale.data.era5.zarr_writes`), and a full or read-only disk is one line
+naming the command's option. The days of the year the store has no data for are said on the console
+(:mod:`dlscale.data.era5.climatology.coverage`)."""
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from dlscale.data.era5.climatology.computing import (
@@ -15,13 +24,23 @@ from dlscale.data.era5.climatology.computing import (
     climatology_hours,
     compute_climatology,
 )
+from dlscale.data.era5.climatology.coverage import lacking_days_line
 from dlscale.data.era5.climatology.sources import ClimatologySources, find_sources
-from dlscale.data.era5.climatology.store_layout import CLIMATOLOGY_STORE, ClimatologyWriter, require_zarr
+from dlscale.data.era5.climatology.store_layout import (
+    CLIMATOLOGY_STORE,
+    ClimatologyWriter,
+    require_zarr,
+    stored_generator,
+    stored_years,
+)
 from dlscale.data.era5.climatology.window import DEFAULT_WINDOW_DAYS, window_weights
 from dlscale.data.era5.climatology.years import check_years_held, years_text
+from dlscale.data.era5.zarr_writes import zarr_writes_finished_on_failure
 from dlscale.errors import ConfigError, DataError
-from dlscale.runtime.atomic_files import write_directory_atomically
+from dlscale.runtime.output_directory import write_results_directory
 from dlscale.version import __version__
+
+log = logging.getLogger("dlscale.data")
 
 GENERATOR = "dlscale data climatology"
 METHOD = (
@@ -42,6 +61,7 @@ class ClimatologyRequest:
     window_days: int = DEFAULT_WINDOW_DAYS
     memory_bytes: int = DEFAULT_MEMORY_BYTES
     years_flag: str = "--years"  # how the user named the years, for the messages
+    root_flag: str = "--root"  # the option that chose the data root, for the advice of a failed write
 
 
 @dataclass
@@ -90,6 +110,7 @@ def build_climatology(
     max_steps = max(len(file.times) for file in sources.files)
     rows = band_rows(len(hours), width, height, max_steps, request.memory_bytes)
     path = climatology_path(request.root)
+    _check_replaceable(path, years)
     result = ClimatologyResult(path, years, request.window_days, hours, sources.channel_names)
     report(
         f"climatology: {len(sources.channel_names)} channels of {request.root} ({', '.join(request.splits)}), "
@@ -98,6 +119,10 @@ def build_climatology(
     )
 
     def fill(tmp: Path) -> None:
+        with zarr_writes_finished_on_failure():
+            compute_into(tmp)
+
+    def compute_into(tmp: Path) -> None:
         attributes = {
             "title": "climatology by day of year and hour of day",
             "method": METHOD,
@@ -117,10 +142,38 @@ def build_climatology(
         )
         writer.finish({"days_without_data": result.days_without_data})
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_directory_atomically(path, fill)
+    write_results_directory(path, fill, "the climatology", request.root_flag)
     result.seconds = time.perf_counter() - started
+    warn_of_lacking_days(path, result.days_without_data, years)
     return result
+
+
+def warn_of_lacking_days(path: Path, days: list[int], years: tuple[int, int]) -> None:
+    """A warning naming the days of the year the store at ``path`` has no data for (none when it has all)."""
+    line = lacking_days_line(path, days, years)
+    if line is not None:
+        log.warning("%s", line)
+
+
+def _check_replaceable(path: Path, years: tuple[int, int]) -> None:
+    """Refuse to replace anything at ``path`` but a store this command wrote (a store of WeatherBench2's copied
+    there, a user's files); say so when it replaces one of ours."""
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_dir() or stored_generator(path) != GENERATOR:
+        what = "a store" if path.is_dir() else "a file"
+        raise DataError(
+            f"{path}: holds {what} that {GENERATOR} did not write; refusing to replace it: move it away (dlscale "
+            "forecast reads a climatology store anywhere with --climatology PATH), then run this again"
+        )
+    held = stored_years(path)
+    log.info(
+        "climatology: replaces %s (years %s, written %s) with the climatology of %s",
+        path,
+        years_text(held) if held is not None else "not recorded",
+        datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y-%m-%d %H:%M"),
+        years_text(years),
+    )
 
 
 def _chosen_years(request: ClimatologyRequest, sources: ClimatologySources) -> tuple[int, int]:

@@ -19,6 +19,7 @@ would change what the number averages without saying so. The fields of recent (h
 
 from __future__ import annotations
 
+import os
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -27,10 +28,14 @@ from typing import Any
 
 import numpy as np
 
+from dlscale.data.era5.chunk_files import StoreChunks
 from dlscale.data.era5.climatology.calendar import day_of_year, minutes_of_day
 from dlscale.data.era5.climatology.store_layout import DAY, HOUR, LATITUDE, LEVEL, LONGITUDE
+from dlscale.data.era5.damaged_reads import is_read_failure, read_values
 from dlscale.data.era5.grid_matching import TOLERANCE_DEGREES, coordinate_positions
-from dlscale.errors import ConfigError, DataError
+from dlscale.data.era5.store_metadata import check_local_zarr_metadata
+from dlscale.errors import ConfigError, DataError, exception_line
+from dlscale.runtime.file_status import why_not_a_file
 
 CACHE_BYTES = 1 << 30
 _ZARR_MARKERS = (".zgroup", ".zmetadata", "zarr.json")
@@ -71,6 +76,7 @@ class ClimatologyStore:
         self.years = self._years()
         self.window_days = dataset.attrs.get("window_days")
         self._cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._chunks = StoreChunks(self.path)
         field_bytes = len(self._sources) * len(self._rows) * len(self._columns) * 4
         self._cache_size = max(8, CACHE_BYTES // max(field_bytes, 1))
 
@@ -125,21 +131,27 @@ class ClimatologyStore:
             selection: dict[str, Any] = {HOUR: hour_at, DAY: self._day_position[day]}
             if level_at is not None:
                 selection[LEVEL] = level_at
-            values = variable.isel(selection).transpose(LATITUDE, LONGITUDE).values
+            what = f"variable {variable.name!r} for channel {self.channel_names[c]} at the valid time {time}"
+            chunks = self._chunks.check(str(variable.name), variable.dims, selection, what)
+            part = variable.isel(selection).transpose(LATITUDE, LONGITUDE)
+            values = read_values(part, str(self.path), what + chunks.text())
             field[c] = values[np.ix_(self._rows, self._columns)]
             if not np.isfinite(field[c]).all():
-                self._refuse_missing(time, self.channel_names[c])
+                self._refuse_missing(time, self.channel_names[c], chunks.missing)
         self._cache[key] = field
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return field
 
-    def _refuse_missing(self, time: np.datetime64, channel: str | None) -> None:
+    def _refuse_missing(self, time: np.datetime64, channel: str | None, missing: Sequence[str] = ()) -> None:
         which = f" for channel {channel}" if channel is not None else ""
+        why = "its years do not cover that day"
+        if missing:
+            why = f"its chunk {missing[0]} is missing from the store: its years do not cover that day, or it is damaged"
         raise DataError(
             f"{self.path}: holds no climatology{which} at the valid time {time} (day of year "
-            f"{int(day_of_year(np.asarray([time]))[0])}: its years do not cover that day); forecast from initial "
-            "times its days cover, or with --climatology time-mean"
+            f"{int(day_of_year(np.asarray([time]))[0])}: {why}); forecast from initial times its days cover, or "
+            "with --climatology time-mean"
         )
 
     def _source(self, channel: str, field: tuple[str, int | None]) -> tuple[Any, int | None]:
@@ -189,17 +201,20 @@ def _open(path: Path) -> Any:
             "pip install 'dlscale[era5]'"
         ) from None
     if not path.exists():
-        raise DataError(f"{path}: no such climatology store; expected a zarr store in WeatherBench2's layout")
+        why = why_not_a_file(path) if os.path.islink(path) else "no such climatology store"
+        raise DataError(f"{path}: {why}; expected a zarr store in WeatherBench2's layout")
     if not path.is_dir() or not any((path / marker).exists() for marker in _ZARR_MARKERS):
         raise DataError(
             f"{path}: is not a zarr store (no {', '.join(_ZARR_MARKERS)}); expected a climatology in "
             "WeatherBench2's layout, such as dlscale data climatology writes"
         )
+    check_local_zarr_metadata(path)
     try:
         return xarray.open_zarr(path, chunks=None, consolidated=None)
     except Exception as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"{path}: cannot be opened as a zarr store: {first_line}") from exc
+        if not is_read_failure(exc):
+            raise
+        raise DataError(f"{path}: cannot be opened as a zarr store: {exception_line(exc)}") from exc
 
 
 def _positions(path: Path, dataset: Any, name: str, wanted: np.ndarray, wrap: bool) -> np.ndarray:

@@ -76,11 +76,28 @@ def days_in_a_chunk(hours: int, height: int, width: int) -> int:
 
 def stored_years(path: Path) -> tuple[int, int] | None:
     """The ``years`` attribute of a store dlscale wrote (zarr format 2's ``.zattrs``); None for no such store."""
-    try:
-        years = json.loads((path / ".zattrs").read_text()).get("years")
-    except (OSError, ValueError, AttributeError):
-        return None
+    years = _stored_attributes(path).get("years")
     return (int(years[0]), int(years[1])) if isinstance(years, list) and len(years) == 2 else None
+
+
+def stored_days_without_data(path: Path) -> list[int]:
+    """The ``days_without_data`` attribute of a store dlscale wrote (empty for none, or no such store)."""
+    days = _stored_attributes(path).get("days_without_data")
+    return [int(day) for day in days] if isinstance(days, list) else []
+
+
+def stored_generator(path: Path) -> str | None:
+    """The ``generator`` attribute of a store (``dlscale data climatology`` for ours); None for none."""
+    generator = _stored_attributes(path).get("generator")
+    return generator if isinstance(generator, str) else None
+
+
+def _stored_attributes(path: Path) -> dict[str, Any]:
+    try:
+        attributes = json.loads((path / ".zattrs").read_text())
+    except (OSError, ValueError):
+        return {}
+    return attributes if isinstance(attributes, dict) else {}
 
 
 def require_zarr(what: str) -> Any:

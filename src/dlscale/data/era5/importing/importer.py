@@ -23,6 +23,7 @@ so ``img_size: [720, 1440]`` drops the south pole's row and is divisible by the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import resource
@@ -65,11 +66,19 @@ from dlscale.runtime.atomic_files import (
     write_bytes_atomically,
     write_text_atomically,
 )
-from dlscale.runtime.storage import as_storage_error, remove_stale_temporaries
+from dlscale.runtime.output_directory import OutputDirectoryLock
+from dlscale.runtime.storage import as_storage_error, remove_stale_temporaries, require_free_space
 from dlscale.runtime.strict_json import to_json
 from dlscale.version import __version__
 
 STATS_FILES = ("global_means.npy", "global_stds.npy", "time_means.npy")
+OUT_OPTION = "--out"  # the option that chooses where an import writes, for the advice of a failed write
+YEAR_FILE_OVERHEAD = (
+    64 << 10
+)  # HDF5's own bytes in a year file beyond its fields and coordinates (6 kB measured)
+# Held in OUT while an import writes there: a second import of the same OUT is refused instead of removing the
+# first one's unfinished files as a killed import's (the lock is in OUT, whose parent an import need not write).
+IMPORT_LOCK = ".dlscale-import.lock"
 
 
 @dataclass(frozen=True)
@@ -112,45 +121,82 @@ class ImportResult:
 
 def import_era5(request: ImportRequest, report: Callable[[str], None] = print) -> ImportResult:
     """Import ``request.source`` into ``request.out``; every check that needs no data values comes before the
-    first write, so bad input leaves nothing behind."""
+    first write, so bad input leaves nothing behind. A write that fails (a full or read-only disk) is one
+    StorageError line naming the file and ``--out``; another import writing ``request.out`` now is refused
+    (RunDirectoryLocked) before anything is touched."""
     check_dt(request.dt_hours)
     split_of_year = parse_split(request.split)
+    _check_out_outside_source(request.source, request.out)
     started = time.perf_counter()
     source = open_source(request.source)
     try:
+        for note in source.notes:
+            report(f"import-era5: {note}")
         bindings = resolve_channels(request.channels, source.levels_of_variables(), source.description)
         files = _plan_files(source, bindings, request, split_of_year)
         climatology_years = _climatology_years(request, files, source.description)
         latitude = source.latitude if source.north_to_south else source.latitude[::-1]
         result = ImportResult(request.out, len(latitude), len(source.longitude), list(request.channels))
         selection = _selection(bindings, request, files, latitude, source.longitude)
-        status = claim_output(request.out, selection)
-        if status == "complete":
-            result.already_complete = True
-            result.climatology = ensure_climatology(request, files, climatology_years, report)
-            if result.climatology is not None:
+        with _storage_errors():
+            status = claim_output(request.out, selection)
+        with OutputDirectoryLock(request.out, OUT_OPTION, lock_file=request.out / IMPORT_LOCK) as lock:
+            if status == "complete":
+                result.already_complete = True
+                with _storage_errors():
+                    result.climatology = ensure_climatology(request, files, climatology_years, report)
+                    if result.climatology is not None:
+                        _write_manifest(request, source, selection, files, result.climatology)
+                return result
+            try:
+                _import_files(source, bindings, request, files, latitude, result, status, report)
+            except BaseException as exc:
+                lock.release()  # before release_new_output removes a new OUT, the lock file in it included
+                release_new_output(request.out, status)
+                storage = as_storage_error(exc, option=OUT_OPTION) if isinstance(exc, OSError) else None
+                if storage is not None:
+                    raise storage from exc
+                if isinstance(exc, DataError) and result.written + result.skipped:
+                    kept = len(result.written) + len(result.skipped)
+                    raise DataError(
+                        f"{exc} ({kept} finished year files in {request.out} are kept; a rerun continues)"
+                    ) from exc
+                raise
+            with _storage_errors():
+                result.climatology = ensure_climatology(request, files, climatology_years, report)
                 _write_manifest(request, source, selection, files, result.climatology)
-            return result
-        try:
-            _import_files(source, bindings, request, files, latitude, result, status, report)
-        except BaseException as exc:
-            release_new_output(request.out, status)
-            storage = as_storage_error(exc) if isinstance(exc, OSError) else None
-            if storage is not None:
-                raise storage from exc
-            if isinstance(exc, DataError) and result.written + result.skipped:
-                kept = len(result.written) + len(result.skipped)
-                raise DataError(
-                    f"{exc} ({kept} finished year files in {request.out} are kept; a rerun continues)"
-                ) from exc
-            raise
-        result.climatology = ensure_climatology(request, files, climatology_years, report)
-        _write_manifest(request, source, selection, files, result.climatology)
     finally:
         source.close()
     result.seconds = time.perf_counter() - started
     result.peak_rss_bytes = peak_rss_bytes()
     return result
+
+
+def _check_out_outside_source(source: str, out: Path) -> None:
+    """Refuse an --out that is a local source store or lies inside it (the import would write into what it reads)."""
+    if "://" in source:
+        return
+    store = Path(source).expanduser()
+    if not store.is_dir():
+        return  # netCDF files (or a glob of them): an --out beside them writes nothing into them
+    store, target = store.resolve(), out.expanduser().resolve()
+    if target == store or store in target.parents:
+        raise DataError(
+            f"import-era5: --out {out} is inside the source store {source}; the import would write into what it "
+            "reads: choose an --out outside it"
+        )
+
+
+@contextlib.contextmanager
+def _storage_errors() -> Iterator[None]:
+    """A failed write inside the block (its OSError names the file) as one StorageError line naming --out."""
+    try:
+        yield
+    except OSError as exc:
+        storage = as_storage_error(exc, option=OUT_OPTION)
+        if storage is None:
+            raise
+        raise storage from exc
 
 
 def _plan_files(
@@ -221,6 +267,16 @@ def _import_files(
         report(
             f"import-era5: {len(files) - len(to_write)} finished year files kept, {len(to_write)} to import"
         )
+    coordinates_bytes = 8 * (height + width)
+    year_bytes = {
+        id(f): len(f.times) * (step_bytes + 8) + coordinates_bytes + YEAR_FILE_OVERHEAD for f in files
+    }
+    if to_write:  # the whole import before any of it, so that a disk too small is said now, not hours in
+        out.mkdir(parents=True, exist_ok=True)
+        count = f"{len(to_write)} year file{'s' if len(to_write) > 1 else ''}"
+        require_free_space(
+            out, sum(year_bytes[id(f)] for f in to_write), f"the {count} to import", OUT_OPTION
+        )
     stats = StreamingChannelStats(len(channels), height, width)
     progress = ByteProgress(sum(len(f.times) for f in to_write) * step_bytes, report, request.progress)
     steps_per_block = max(1, int(request.block_mb * 2**20) // step_bytes)
@@ -236,8 +292,11 @@ def _import_files(
                     if file.split == "train":
                         add_finished_file(stats, path, steps_per_block)
                     continue
-                blocks = reader.blocks(file.times)
                 path.parent.mkdir(parents=True, exist_ok=True)
+                require_free_space(
+                    path.parent, year_bytes[id(file)], name, OUT_OPTION
+                )  # others write there too
+                blocks = reader.blocks(file.times)
 
                 def fill(tmp: Path, file: YearFile = file, blocks: Iterator = blocks) -> None:
                     write_year(
@@ -286,8 +345,13 @@ def ensure_climatology(
     """Compute ``stats/climatology.zarr`` over ``years`` from the written files, unless a store of those years
     is there already; None (and a line saying how to compute it later) without zarr."""
     out = request.out
-    from dlscale.data.era5.climatology.building import ClimatologyRequest, build_climatology, climatology_path
-    from dlscale.data.era5.climatology.store_layout import stored_years
+    from dlscale.data.era5.climatology.building import (
+        ClimatologyRequest,
+        build_climatology,
+        climatology_path,
+        warn_of_lacking_days,
+    )
+    from dlscale.data.era5.climatology.store_layout import stored_days_without_data, stored_years
 
     try:
         import zarr  # noqa: F401
@@ -300,6 +364,7 @@ def ensure_climatology(
     path = climatology_path(out)
     if stored_years(path) == years:
         report(f"import-era5: {path} already holds the climatology of {years[0]}-{years[1]}")
+        warn_of_lacking_days(path, stored_days_without_data(path), years)
         return {"path": str(path), "years": list(years), "kept": True}
     splits = tuple(split for split in SPLITS if any(file.split == split for file in files))
     wanted = ClimatologyRequest(
@@ -308,6 +373,7 @@ def ensure_climatology(
         years,
         memory_bytes=request.climatology_memory_bytes,
         years_flag="--climatology-years",
+        root_flag=OUT_OPTION,
     )
     return build_climatology(wanted, report).describe()
 

@@ -44,6 +44,21 @@ PRESSURE_LEVEL_VARIABLES: dict[str, tuple[str, ...]] = {
     "w": ("vertical_velocity", "w"),
 }
 
+MOST_HPA = 1100.0  # above every pressure of the atmosphere in hPa: levels all above it are in Pa
+
+
+def levels_in_hpa(levels: Sequence[float], units: str) -> tuple[list[float], str | None]:
+    """A level coordinate's values in hPa, and why they were divided by 100 when the coordinate is in Pa (its
+    ``units`` attribute says ``Pa``, or every level is above :data:`MOST_HPA`); None when they are hPa already.
+    Forecasts and ERA5 stores alike come with either (CDS's are hPa, some models write Pa)."""
+    values = [float(level) for level in levels]
+    said_pa = units.strip().lower() == "pa"
+    if not said_pa and not (values and all(level > MOST_HPA for level in values)):
+        return values, None
+    why = f"its units are {units.strip()!r}" if said_pa else f"every level is above {MOST_HPA:g}"
+    return [level / 100.0 for level in values], why
+
+
 _PRESSURE_LEVEL_CHANNEL = re.compile(r"^([a-z])(\d+)$")
 
 

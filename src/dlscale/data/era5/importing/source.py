@@ -12,12 +12,19 @@ What differs between the sources and is made uniform here:
 
 Everything is opened lazily and without dask (``chunks=None``): a read pulls exactly the requested time steps.
 The checks that need no data values (variables, levels, a time axis that goes back or repeats, files on
-different grids) happen when the source is opened, before anything is written.
+different grids; a zarr store's metadata and codecs, :mod:`dlscale.data.era5.store_metadata`; a path that is no
+store or netCDF file, :mod:`.source_paths`) happen when the source is opened, before anything is written.
+
+A damaged source is one line at the read that meets it (import-era5's blocks, score's truth alike): before
+reading a local zarr store, the chunk files of the read are checked (:mod:`dlscale.data.era5.chunk_files`: a
+directory, a dangling link, a link loop, a pipe or a file far too large in a chunk's place is refused; a missing
+chunk reads as the fill value, as zarr's rules say); a chunk or file that fails to decode (truncated, garbage, a
+link to a file that is no chunk) is a DataError naming the store or file, the variable and the first time step
+that fails (:mod:`dlscale.data.era5.damaged_reads`).
 """
 
 from __future__ import annotations
 
-import glob
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,14 +32,25 @@ from typing import Any
 
 import numpy as np
 
+from dlscale.data.era5.chunk_files import CheckedChunks, ChunkLayout, StoreChunks
+from dlscale.data.era5.damaged_reads import DAMAGED_ADVICE, REPAIR, is_read_failure
+from dlscale.data.era5.importing.names import levels_in_hpa
 from dlscale.data.era5.importing.plan import hour_text
-from dlscale.errors import ConfigError, DataError
+from dlscale.data.era5.importing.source_paths import (
+    check_remote_metadata,
+    is_zarr_store,
+    netcdf_files,
+    not_netcdf_text,
+    open_zarr,
+    refuse_unreachable,
+)
+from dlscale.data.era5.store_metadata import check_local_zarr_metadata
+from dlscale.errors import ConfigError, DataError, exception_line
 
 TIME_NAMES = ("time", "valid_time")
 LEVEL_NAMES = ("level", "pressure_level", "isobaricInhPa", "plev")
 LATITUDE_NAMES = ("latitude", "lat")
 LONGITUDE_NAMES = ("longitude", "lon")
-NETCDF_SUFFIXES = (".nc", ".nc4", ".netcdf", ".cdf")
 # URL scheme -> the fsspec backend package that serves it
 REMOTE_BACKENDS = {"gs": "gcsfs", "gcs": "gcsfs", "s3": "s3fs"}
 INSTALL_HINT = "pip install 'dlscale[era5]'"
@@ -74,11 +92,18 @@ class SourceVariable:
 class ERA5Source:
     """The variables of a source and reads of (time steps, one level) of any of them."""
 
-    def __init__(self, description: str, kind: str, datasets: list[tuple[str, Any]]):
+    def __init__(
+        self, description: str, kind: str, datasets: list[tuple[str, Any]], local_store: Path | None = None
+    ):
+        """``local_store``: the zarr store's directory on a local disk, whose chunk files each read checks
+        (:mod:`dlscale.data.era5.chunk_files`); None for netCDF files and remote stores."""
         self.description = description
         self.kind = kind
         self._datasets = datasets
+        self.local_store = local_store
+        self._chunks = StoreChunks(local_store)
         self.variables: dict[str, SourceVariable] = {}
+        self.notes: list[str] = []  # how the source was read where it differs from the usual (levels in Pa)
         self.latitude = np.array([])
         self.longitude = np.array([])
         grid_of: str | None = None
@@ -110,7 +135,7 @@ class ERA5Source:
                 continue  # not a (time, [level], lat, lon) field: e.g. CDS's expver or a bounds variable
             levels = None
             if "level" in dims:
-                levels = [_hpa(value) for value in np.asarray(dataset[dims["level"]].values)]
+                levels = self._levels_in_hpa(where, dataset[dims["level"]])
             times = np.asarray(dataset[dims["time"]].values)
             if not np.issubdtype(times.dtype, np.datetime64):
                 raise DataError(
@@ -124,6 +149,17 @@ class ERA5Source:
                     f"{where}: variable {name!r} has levels {levels}, another file has {variable.levels}"
                 )
             variable.segments.append(Segment(array, times.astype("datetime64[ns]"), where))
+
+    def _levels_in_hpa(self, where: str, coordinate: Any) -> list[int]:
+        """A level coordinate in hPa: one in Pa (its ``units`` attribute says so, or every level is above
+        :data:`~dlscale.data.era5.importing.names.MOST_HPA`) is divided by 100, and :attr:`notes` says so once."""
+        levels, why = levels_in_hpa(
+            np.asarray(coordinate.values, np.float64), str(coordinate.attrs.get("units", ""))
+        )
+        note = f"{where}: its levels are in Pa ({why}): read as hPa, divided by 100"
+        if why is not None and note not in self.notes:
+            self.notes.append(note)
+        return [_hpa(level) for level in levels]
 
     def levels_of_variables(self) -> dict[str, list[int] | None]:
         return {name: variable.levels for name, variable in self.variables.items()}
@@ -161,20 +197,122 @@ class ERA5Source:
             if "level" in variable.dims
             else ("time", "latitude", "longitude")
         )
+        indices: list[int] = []
+        wanted: list[int] = []
+        if "level" in variable.dims:
+            indices = [variable.levels.index(level) for level in levels_hpa]  # type: ignore[union-attr]
+            # increasing, as every backend takes them (HDF5 selections must be); each out finds its own
+            wanted = sorted(set(indices))
         for segment_index in np.unique(segments):
             rows = np.nonzero(segments == segment_index)[0]
             segment = variable.segments[segment_index]
             local = positions[rows] - variable.first_position[segment_index]
+            self._refuse_damaged_chunks(variable, segment, local, wanted, levels_hpa)
             selection: dict[str, Any] = {variable.dims["time"]: _as_slice(local)}
             if "level" in variable.dims:
-                indices = [variable.levels.index(level) for level in levels_hpa]  # type: ignore[union-attr]
-                # increasing, as every backend takes them (HDF5 selections must be); each out finds its own
-                wanted = sorted(set(indices))
                 selection[variable.dims["level"]] = _as_slice(np.array(wanted))
             part = segment.array.isel(selection)
-            values = np.asarray(part.values).transpose([part.dims.index(variable.dims[r]) for r in roles])
+            try:
+                values = np.asarray(part.values)
+            except Exception as exc:
+                if not is_read_failure(exc):
+                    raise
+                raise self._unreadable(variable, segment, local, selection, wanted, levels_hpa, exc) from exc
+            values = values.transpose([part.dims.index(variable.dims[r]) for r in roles])
             for position, out in enumerate(outs):
                 out[rows] = values[:, wanted.index(indices[position])] if "level" in variable.dims else values
+
+    def missing_chunks(
+        self, variable_name: str, time: np.datetime64, levels_hpa: list[int | None]
+    ) -> list[str]:
+        """The chunk files of ``variable_name`` at ``time`` (one of its times) and ``levels_hpa`` that a local
+        zarr store lacks, as a message names them (``2m_temperature/1.0.0``): zarr reads them as the fill value,
+        NaN for a store xarray wrote. Empty for netCDF files and remote stores."""
+        variable = self.variables[variable_name]
+        position = int(np.searchsorted(variable.times, time))
+        segment_index = int(variable.segment_of_position[position])
+        local = np.array([position - variable.first_position[segment_index]])
+        wanted = [variable.levels.index(level) for level in levels_hpa] if variable.levels is not None else []
+        layout, selection = self._chunk_selection(variable, variable.segments[segment_index], local, wanted)
+        if layout is None:
+            return []
+        return [layout.name(problem.index) for problem in layout.problems(selection) if problem.missing]
+
+    def _chunk_selection(
+        self, variable: SourceVariable, segment: Segment, local: np.ndarray, wanted: list[int]
+    ) -> tuple[ChunkLayout | None, dict[int, Any]]:
+        """The chunk layout of ``variable`` in a local store (None elsewhere), and the element indices read along
+        its time and level axes."""
+        dims = list(segment.array.dims)
+        layout = self._chunks.layout(variable.name, len(dims))
+        if layout is None:
+            return None, {}
+        selection: dict[int, Any] = {dims.index(variable.dims["time"]): local}
+        if "level" in variable.dims:
+            selection[dims.index(variable.dims["level"])] = wanted
+        return layout, selection
+
+    def _refuse_damaged_chunks(
+        self,
+        variable: SourceVariable,
+        segment: Segment,
+        local: np.ndarray,
+        wanted: list[int],
+        levels_hpa: list[int | None],
+    ) -> None:
+        """A DataError for the first chunk file of the read that is a directory, a dangling link, a link loop, no
+        regular file or too large (zarr would read most of these as missing, silently); a missing one is the
+        fill value, by zarr's rules, and reads as such."""
+        layout, selection = self._chunk_selection(variable, segment, local, wanted)
+        if layout is None:
+            return
+        for problem in layout.problems(selection):
+            if problem.missing:
+                continue
+            time_axis = list(segment.array.dims).index(variable.dims["time"])
+            chunk_length = layout.chunks[time_axis]
+            first = next(int(i) for i in local if int(i) // chunk_length == problem.index[time_axis])
+            raise DataError(
+                f"{segment.where}: variable {variable.name!r}{_levels_text(variable, levels_hpa)} at "
+                f"{hour_text(segment.times[first])}: its chunk {layout.name(problem.index)} {problem.what}; "
+                f"the store is damaged: {REPAIR}"
+            )
+
+    def _unreadable(
+        self,
+        variable: SourceVariable,
+        segment: Segment,
+        local: np.ndarray,
+        selection: dict[str, Any],
+        wanted: list[int],
+        levels_hpa: list[int | None],
+        exc: BaseException,
+    ) -> DataError:
+        """The read of ``local`` failed: find the first time step that fails alone, and say which."""
+        time_dim = variable.dims["time"]
+        failing, failure = int(local[0]), exc
+        for index in local:
+            try:
+                np.asarray(
+                    segment.array.isel({**selection, time_dim: slice(int(index), int(index) + 1)}).values
+                )
+            except Exception as alone:
+                if not is_read_failure(alone):
+                    raise
+                failing, failure = int(index), alone
+                break
+        layout, chunk_selection = self._chunk_selection(variable, segment, np.array([failing]), wanted)
+        names = (
+            [layout.name(index) for index in layout.indices(chunk_selection)] if layout is not None else []
+        )
+        chunk = CheckedChunks(names, []).text()
+        advice = (
+            f"{DAMAGED_ADVICE}: {REPAIR}" if self.kind == "zarr" else "the file is damaged: download it again"
+        )
+        return DataError(
+            f"{segment.where}: variable {variable.name!r}{_levels_text(variable, levels_hpa)} cannot be read at "
+            f"{hour_text(segment.times[failing])}{chunk}: {exception_line(failure)}; {advice}"
+        )
 
     def close(self) -> None:
         for _, dataset in self._datasets:
@@ -197,50 +335,28 @@ def open_source(source: str) -> ERA5Source:
             raise ConfigError(
                 f"import-era5: reading {source} needs {' and '.join(missing)}: pip install fsspec {backend}"
             )
-        return ERA5Source(source, "zarr", [(source, _open_zarr(xarray, source))])
+        check_remote_metadata(source)
+        return ERA5Source(source, "zarr", [(source, open_zarr(xarray, source))])
     path = Path(source).expanduser()
     if is_zarr_store(path):
-        return ERA5Source(str(path), "zarr", [(str(path), _open_zarr(xarray, str(path)))])
-    files = _netcdf_files(source, path)
+        check_local_zarr_metadata(path)
+        return ERA5Source(str(path), "zarr", [(str(path), open_zarr(xarray, str(path)))], local_store=path)
+    refuse_unreachable(source, path)
+    files = netcdf_files(source, path)
     datasets = []
     try:
         for file in files:
             try:
                 datasets.append((str(file), xarray.open_dataset(file, chunks=None)))
             except Exception as exc:
-                raise DataError(f"{file}: cannot be opened as netCDF with xarray: {exc}") from exc
+                if not is_read_failure(exc):
+                    raise
+                raise DataError(not_netcdf_text(file, exc)) from exc
         return ERA5Source(source, "netcdf", datasets)
     except BaseException:
         for _, dataset in datasets:
             dataset.close()
         raise
-
-
-def _open_zarr(xarray: Any, where: str) -> Any:
-    try:
-        return xarray.open_dataset(where, engine="zarr", chunks=None)
-    except Exception as exc:
-        raise DataError(f"{where}: cannot be opened as a zarr store with xarray: {exc}") from exc
-
-
-def is_zarr_store(path: Path) -> bool:
-    """Whether ``path`` is a zarr store's directory (a ``.zarr`` one, or one with zarr's metadata files)."""
-    markers = (".zgroup", ".zmetadata", "zarr.json")
-    return path.is_dir() and (path.suffix == ".zarr" or any((path / marker).exists() for marker in markers))
-
-
-def _netcdf_files(source: str, path: Path) -> list[Path]:
-    if any(character in source for character in "*?["):
-        files = sorted(Path(found) for found in glob.glob(str(Path(source).expanduser())))
-    elif path.is_dir():
-        files = sorted(file for file in path.iterdir() if file.suffix in NETCDF_SUFFIXES)
-    elif path.is_file():
-        files = [path]
-    else:
-        raise DataError(f"{source}: no such zarr store, netCDF file or directory")
-    if not files:
-        raise DataError(f"{source}: no zarr store and no netCDF file ({', '.join(NETCDF_SUFFIXES)}) there")
-    return files
 
 
 def _roles(dims: tuple[str, ...]) -> dict[str, str] | None:
@@ -310,6 +426,13 @@ def _check_increasing(times: np.ndarray, where: str) -> None:
             f"{where}: the time axis {what} at position {position + 1}: {hour_text(times[position + 1])} "
             f"follows {hour_text(times[position])}; times must strictly increase"
         )
+
+
+def _levels_text(variable: SourceVariable, levels_hpa: list[int | None]) -> str:
+    """`` at 500, 850 hPa`` for the levels of a read, empty for a variable without levels."""
+    if variable.levels is None:
+        return ""
+    return f" at {', '.join(str(level) for level in levels_hpa)} hPa"
 
 
 def _as_slice(indices: np.ndarray) -> slice | np.ndarray:
