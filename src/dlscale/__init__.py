@@ -7,10 +7,7 @@ They are imported on first use, so ``import dlscale`` (and ``dlscale --version``
 
 from typing import Any
 
-from dlscale import moved_modules
 from dlscale.version import __version__
-
-moved_modules.install()  # old module paths of the re-layering still import, with a DeprecationWarning
 
 __all__ = [
     "__version__",

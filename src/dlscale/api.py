@@ -176,7 +176,8 @@ def forecast(
     WeatherBench2's layout (by day of year and hour of day; ``dlscale data climatology`` writes one, and
     WeatherBench2's published ones are read on the forecast's grid); ``"time-mean"``: the one mean field over the
     training years; None (the default): ERA5's ``data.climatology_path`` when it exists, else the mean field.
-    ``doc["climatology"]`` says which was used (kind, path, years, window).
+    ``doc["climatology"]`` says which was used (kind, path, years, window); the mean field, however it was
+    chosen, names a directory of its own (``-clim-timemean``: its ACC is not comparable with WeatherBench2's).
 
     ``members=N`` (N >= 2) forecasts an ensemble: the control (the deterministic forecast, ``doc["scores"]["model"]``)
     and N - 1 members that ``perturb`` makes differ, ``"gaussian:SCALE[:LENGTH_KM]"`` (initial-state noise of SCALE
@@ -209,9 +210,10 @@ def score(
     times: str | None = None,
 ) -> dict[str, Any]:
     """``dlscale score``: score ``forecast`` (a zarr store or netCDF file in WeatherBench2's layout, or
-    ``"LABEL=PATH"``), and each of ``compare`` beside it, against ``truth`` (a store ``import-era5`` reads),
-    with the code that scores ``dlscale forecast``'s rollouts; ``climatology``: a climatology store by day of
-    year and hour of day for the ACC and the climatology forecaster (None: no ACC).
+    ``"LABEL=PATH"``), and each of ``compare`` beside it, against ``truth`` (a store ``import-era5`` reads, or a
+    dlscale data root such as ``data/era5_demo``), with the code that scores ``dlscale forecast``'s rollouts;
+    ``climatology``: a climatology store by day of year and hour of day for the ACC and the climatology
+    forecaster (None: no ACC).
 
     Returns the ``scores.json`` document, as :func:`forecast` does: one forecast is ``doc["scores"]["model"]``,
     each compared one ``doc["scores"][label]``, beside ``"persistence"`` (and ``"climatology"``); ``doc["common"]``

@@ -83,11 +83,20 @@ BAD_COMMANDS = {
     "unknown mnist preset": (["data", "synth-mnist", "--out", "x", "--preset", "nosuch"], "invalid choice"),
     "missing import source": (["data", "import-era5", "nosuch.zarr", "--out", "era5"], "no such zarr store"),
     "missing run": (["forecast", "runs/nosuch/00"], "runs/nosuch/00 does not exist; dlscale forecast takes"),
-    "bad lead": (["forecast", "RUN", "--lead", "3x"], "--lead '3x': expected a duration with its unit"),
+    "bad lead": (
+        ["forecast", "RUN", "--lead", "3x"],
+        "--lead '3x': expected a positive duration with its unit",
+    ),
     "bad init": (["forecast", "RUN", "--init", "every:3x"], "--init every: '3x': expected a duration"),
     "bad init date": (["forecast", "RUN", "--init", "2018-13-45"], "--init: '2018-13-45' is neither"),
     "no initial times": (["forecast", "RUN", "--init-count", "0"], "--init-count 0: expected a number"),
-    "zero lead": (["forecast", "RUN", "--lead", "0h"], "--lead 0h: expected a positive duration"),
+    "zero lead": (["forecast", "RUN", "--lead", "0h"], "--lead '0h': expected a positive duration"),
+    # --lead 0 asks for a positive duration at once, not for a unit and then, at --lead 0d, for more than 0
+    "zero lead without a unit": (
+        ["forecast", "RUN", "--lead", "0"],
+        "--lead '0': expected a positive duration",
+    ),
+    "negative lead": (["forecast", "RUN", "--lead=-1d"], "--lead '-1d': expected a positive duration"),
     "huge perturbation": (
         ["forecast", "RUN", "--members", "4", "--perturb", "gaussian:1e30"],
         "SCALE 1e+30 is beyond 10 standard deviations",

@@ -45,7 +45,7 @@ def scores(run: Path, name: str) -> dict:
 
 def test_persistence_is_exact_at_lead_0_and_its_error_grows(era5_run):
     assert main(["forecast", str(era5_run), "--lead", "1d", "--init", "every:6h"]) == 0
-    document = scores(era5_run, "test-ckpt_latest-lead1d-every6h")
+    document = scores(era5_run, "test-ckpt_latest-lead1d-every6h-clim-timemean")
     assert document["lead_hours"] == [0.0, 6.0, 12.0, 18.0, 24.0]
     assert document["initial_time_count"] == 20  # 24 states, of which the last 4 cannot reach 1 day
     persistence, model = document["scores"]["persistence"], document["scores"]["model"]
@@ -60,7 +60,7 @@ def test_persistence_is_exact_at_lead_0_and_its_error_grows(era5_run):
     # A 1-day rollout's table: its leads (not only the 1-day one) for WeatherBench2's four channels.
     assert document["headline_channels"] == ["z500", "t850", "t2m", "u10"]
     assert [row["lead_hours"] for row in document["headline"]] == [6.0, 12.0, 18.0, 24.0] * 4
-    directory = era5_run / "forecast" / "test-ckpt_latest-lead1d-every6h"
+    directory = era5_run / "forecast" / "test-ckpt_latest-lead1d-every6h-clim-timemean"
     assert sorted(p.name for p in directory.iterdir()) == sorted(document["files"])
     assert {"scores.csv", "skill_vs_lead.png", "rollout_maps.png"} <= set(document["files"])
     rows = (directory / "scores.csv").read_text().splitlines()
@@ -118,7 +118,7 @@ def test_the_written_forecast_opens_in_xarray_lines_up_with_the_truth_and_equals
         ForecastOptions(split="test", lead="12h", init="every:12h", write=fmt, names="short", figures=False),
     )
     name = "forecast.nc" if fmt == "netcdf" else "forecast.zarr"
-    path = era5_run / "forecast" / f"test-ckpt_latest-lead12h-{fmt}-short" / name
+    path = era5_run / "forecast" / f"test-ckpt_latest-lead12h-{fmt}-short-clim-timemean" / name
     opened = xarray.open_dataset(path, engine="h5netcdf") if fmt == "netcdf" else xarray.open_zarr(path)
     with opened as written:
         assert tuple(written["z500"].dims) == ("time", "prediction_timedelta", "latitude", "longitude")
@@ -146,7 +146,7 @@ def test_the_written_forecast_opens_in_xarray_lines_up_with_the_truth_and_equals
 
 def test_the_python_api_returns_what_scores_json_holds(era5_run):
     document = dlscale.forecast(str(era5_run), lead="1d", init="every:12h", init_count=3, figures=False)
-    assert document == scores(era5_run, "test-ckpt_latest-lead1d-init3")
+    assert document == scores(era5_run, "test-ckpt_latest-lead1d-init3-clim-timemean")
     assert document["initial_time_count"] == 3
 
 
@@ -155,10 +155,10 @@ def test_the_python_api_returns_what_scores_json_holds(era5_run):
     [
         (
             ["--lead", "10d"],
-            "--lead 10 d reaches beyond the data: the longest rollout in the test split holds is 5 d 18 h",
+            "--lead 10 d reaches beyond the data: no rollout in the test split is that long, the longest reaches 5 d 18 h",
         ),
         (["--lead", "9h"], "--lead 9h: expected a positive multiple of the model's step of 6 h"),
-        (["--lead", "10"], "--lead '10': expected a duration with its unit"),
+        (["--lead", "10"], "--lead '10': expected a positive duration with its unit"),
         (["--split", "train"], "no 'train' split to evaluate"),
         (["--init", "1999-01-01T00", "--lead", "1d"], "is not a state of the data in the test split"),
         (["--init-count", "0"], "--init-count 0: expected a number of initial times >= 1"),
@@ -275,3 +275,45 @@ def test_with_dt_2_the_forecast_scores_leads_12_hours_apart_against_the_truth_2l
     expected = np.sqrt(error.mean(axis=(-2, -1)).mean(axis=0))
     got = [document["scores"]["persistence"]["rmse"][name][2] for name in document["channels"]]
     np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_write_says_how_large_its_file_will_be_before_the_rollout(era5_run, capsys):
+    capsys.readouterr()
+    argv = [
+        "forecast",
+        str(era5_run),
+        "--lead",
+        "6h",
+        "--init-count",
+        "2",
+        "--write",
+        "netcdf",
+        "--no-figures",
+    ]
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    lines = (printed.out + printed.err).splitlines()
+    said = next(i for i, line in enumerate(lines) if "--write netcdf: forecast.nc will take" in line)
+    assert said < next(i for i, line in enumerate(lines) if "Forecasting with" in line)  # before the rollout
+    value, unit = lines[said].split("will take ")[1].split()[:2]
+    stated = float(value) * {"kB": 1e3, "MB": 1e6}[unit]
+    path = era5_run / "forecast" / "test-ckpt_latest-lead6h-init2-netcdf-clim-timemean" / "forecast.nc"
+    assert stated * 0.99 <= path.stat().st_size <= stated * 1.01 + 64_000  # netCDF: uncompressed
+
+
+def test_a_netcdf_file_larger_than_the_free_space_is_refused_before_the_rollout(
+    era5_run, tmp_path, capsys, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from dlscale.runtime import storage
+
+    full = SimpleNamespace(total=10**9, used=10**9 - 500, free=500)
+    monkeypatch.setattr(storage.shutil, "disk_usage", lambda path: full)
+    before = sorted((era5_run / "forecast").glob("*"))
+    capsys.readouterr()
+    argv = ["forecast", str(era5_run), "--lead", "12h", "--init-count", "3", "--write", "netcdf"]
+    assert main(argv) == 74
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "cannot write forecast.nc" in error[0] and "500 B free" in error[0], error
+    assert sorted((era5_run / "forecast").glob("*")) == before

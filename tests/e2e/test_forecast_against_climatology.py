@@ -132,3 +132,39 @@ def test_a_store_that_cannot_serve_the_forecast_is_one_line_and_nothing_is_writt
         error = capsys.readouterr().err.strip().splitlines()
         assert len(error) == 1 and message in error[0] and str(path) in error[0], error
         assert sorted((run / "forecast").glob("*")) == before
+
+
+def test_the_same_command_before_and_after_data_climatology_writes_two_directories(
+    run_with_climatology, capsys
+):
+    root, run = run_with_climatology
+    store = root / "stats" / "climatology.zarr"
+    aside = root.parent / "climatology-aside.zarr"
+    store.rename(aside)  # the data as it was before `dlscale data climatology`
+    try:
+        command = ["forecast", str(run), "--lead", "6h", "--init-count", "2", "--no-figures"]
+        capsys.readouterr()
+        assert main(command) == 0
+        printed = capsys.readouterr()
+        before_log = printed.out + printed.err
+        assert main(["data", "climatology", "--root", str(root)]) == 0
+        assert main(command) == 0
+    finally:
+        if store.exists():
+            shutil.rmtree(aside)
+        else:
+            aside.rename(store)
+    before = run / "forecast" / "test-ckpt_latest-lead6h-init2-clim-timemean"
+    after = run / "forecast" / "test-ckpt_latest-lead6h-init2"
+    kinds = [
+        json.loads((directory / "scores.json").read_text())["climatology"]["kind"]
+        for directory in (before, after)
+    ]
+    assert kinds == ["time_mean", "day_of_year_and_hour"]  # neither replaced the other
+    # Before, the log said what the ACC is not, and the command that builds WeatherBench2's reference.
+    warning = next(line for line in before_log.splitlines() if " WARNING " in line and "Climatology" in line)
+    assert "not comparable with published ones" in warning
+    assert f"`dlscale data climatology --root {root}` builds WeatherBench2's climatology" in warning
+    assert "not comparable" in next(
+        line for line in before_log.splitlines() if "(ACC and the climatology" in line
+    )

@@ -11,6 +11,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from run_configs import tiny_run_config
 
@@ -42,7 +43,7 @@ def test_the_ensemble_is_scored_beside_its_control_in_a_directory_of_its_own(era
     logged = capsys.readouterr()
     logged = logged.out + logged.err
     directory = Path(document["output_dir"])
-    assert directory.name == "test-ckpt_latest-lead12h-init4-ens5-gaussian0.2-800km"
+    assert directory.name == "test-ckpt_latest-lead12h-init4-clim-timemean-ens5-gaussian0.2-800km"
     assert Path(deterministic["output_dir"]) != directory  # neither replaces the other
     assert document["members"] == 5 and document["options"]["perturb"] == "gaussian:0.2:800"
     assert document["forecasters"][:2] == ["model", "ensemble"]
@@ -93,6 +94,24 @@ def test_dropout_members_differ_and_their_control_is_the_deterministic_forecast(
     assert spread[0] < 1e-4
     assert spread[1] > 1e3 * spread[0]
     assert "dropout kept on" in document["ensemble"]["perturbation"]
+    assert "perturbation_std" not in document["ensemble"]  # no initial-state noise to size
+
+
+def test_the_perturbation_is_logged_and_recorded_in_each_channels_unit(era5_run, tiny_era5, capsys):
+    capsys.readouterr()
+    document = dlscale.forecast(
+        era5_run, lead="6h", init_count=1, members=2, perturb="gaussian:0.5", figures=False
+    )
+    printed = capsys.readouterr()
+    line = next(line for line in (printed.out + printed.err).splitlines() if "Ensemble of 2 members:" in line)
+    # gaussian:0.5 is half of each channel's standard deviation over the training data, in its unit
+    stds = np.load(tiny_era5 / "stats" / "global_stds.npy").reshape(-1)
+    channels, units = document["channels"], document["units"]
+    expected = {name: 0.5 * float(stds[c]) for c, name in enumerate(channels)}
+    assert document["ensemble"]["perturbation_std"] == pytest.approx(expected, rel=1e-6)
+    assert "in the channels' units, its standard deviation at each point:" in line
+    for name in document["headline_channels"]:  # z500, t850, t2m, u10
+        assert f"{name} {float(f'{expected[name]:.3g}'):g} {units[name]}" in line, line  # 1430, not 1.43e+03
 
 
 @pytest.mark.parametrize(

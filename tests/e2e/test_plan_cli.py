@@ -206,11 +206,14 @@ def test_plan_of_the_unet_on_one_gpu_and_on_four(capsys, tmp_path, synthetic_dat
     assert (row["layout"], row["local_batch"]) == ("one GPU", 4)
     assert row["memory_bytes"]["autocast_weight_copies"] > 0  # bf16: half-precision copies of the weights
     four = tmp_path / "four.json"
-    status, out, err = plan_workload(capsys, "unet_cosmo", data, "--gpus", "4", "--json", str(four))
+    channels_last = ("--set", "model.channels_last=true")
+    status, out, err = plan_workload(
+        capsys, "unet_cosmo", data, "--gpus", "4", "--json", str(four), *channels_last
+    )
     assert status == 0, err
     ddp, fsdp = json.loads(four.read_text())["rows"]
     assert ddp["local_batch"] == 1 and ddp["fits"]
-    # FSDP2 cannot shard the channels-last convolution weights: the plan says so instead of estimating
+    # FSDP2 cannot shard channels-last convolution weights: the plan says so instead of estimating
     assert not fsdp["valid"] and "FSDP2 shards only contiguous parameters" in fsdp["reason"]
     assert "cannot run: FSDP2 shards only contiguous parameters" in " ".join(out.split())
 

@@ -36,8 +36,8 @@ def read(directory: Path, name: str) -> dict:
 def test_forecasts_of_other_options_keep_their_own_directories(era5_run):
     short = forecast_checkpoint(era5_run, ForecastOptions(lead="6h", init_count=2, figures=False))
     longer = forecast_checkpoint(era5_run, ForecastOptions(lead="12h", init_count=3, figures=False))
-    assert short.output_dir == era5_run / "forecast" / "test-ckpt_latest-lead6h-init2"
-    assert longer.output_dir == era5_run / "forecast" / "test-ckpt_latest-lead12h-init3"
+    assert short.output_dir == era5_run / "forecast" / "test-ckpt_latest-lead6h-init2-clim-timemean"
+    assert longer.output_dir == era5_run / "forecast" / "test-ckpt_latest-lead12h-init3-clim-timemean"
     first, second = read(short.output_dir, "scores.json"), read(longer.output_dir, "scores.json")
     assert (first["lead_hours"], first["initial_time_count"]) == ([0.0, 6.0], 2)
     assert (second["lead_hours"], second["initial_time_count"]) == ([0.0, 6.0, 12.0], 3)
@@ -65,7 +65,11 @@ def test_forecasts_of_other_options_keep_their_own_directories(era5_run):
 def test_an_init_count_that_keeps_every_initial_time_names_no_directory_of_its_own(era5_run):
     every = forecast_checkpoint(era5_run, ForecastOptions(lead="5d", figures=False))
     counted = forecast_checkpoint(era5_run, ForecastOptions(lead="120h", init_count=1000, figures=False))
-    assert every.output_dir == counted.output_dir == era5_run / "forecast" / "test-ckpt_latest-lead5d"
+    assert (
+        every.output_dir
+        == counted.output_dir
+        == era5_run / "forecast" / "test-ckpt_latest-lead5d-clim-timemean"
+    )
     assert counted.document["initial_time_count"] == every.document["initial_time_count"]
 
 

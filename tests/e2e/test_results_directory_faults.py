@@ -26,7 +26,7 @@ from era5_stores import grid, random_truth, six_hourly_times, write_wb2  # noqa:
 pytestmark = pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning")
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 FORECAST = ["--lead", "6h", "--init-count", "2", "--write", "zarr", "--no-figures"]
-FORECAST_DIR = "test-ckpt_latest-lead6h-init2-zarr"  # the directory those options write
+FORECAST_DIR = "test-ckpt_latest-lead6h-init2-zarr-clim-timemean"  # the directory those options write
 
 
 @pytest.fixture(scope="module")

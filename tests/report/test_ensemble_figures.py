@@ -200,3 +200,29 @@ def test_few_or_many_members_draw(members):
     for figure in figures.values():
         FigureCanvasAgg(figure).draw()
     assert len(figures[RANK_HISTOGRAM_FIGURE].axes[0].patches) == members + 1
+
+
+def test_lead_0_far_above_the_later_leads_does_not_squash_them_and_is_named_in_the_panel():
+    # Perturbed initial states: the spread and CRPS at lead 0 far above every later lead (13 K on t850 for
+    # gaussian:0.75, against 3 to 5 K after it).
+    document = hand_made_document(lead_hours=(0.0, 24.0, 48.0, 72.0))
+    entry = document["ensemble"]
+    entry["spread"]["t2m"][0] = 100.0
+    entry["crps"]["t2m"][0] = 50.0
+    axes = np.asarray(ensemble_figure(document).axes).reshape(3, len(CHANNELS))
+    crps_axis, spread_axis, ratio_axis = axes[:, CHANNELS.index("t2m")]
+    for axis, lead_0 in ((crps_axis, 50.0), (spread_axis, 100.0 * np.sqrt(5 / 4))):
+        later = np.concatenate([line.get_ydata()[1:] for line in axis.get_lines()])
+        bottom, top = axis.get_ylim()
+        assert later.max() <= top < lead_0 and bottom <= later.min()  # the later leads fill the panel
+        (note,) = [text.get_text() for text in axis.texts]
+        assert "at lead 0" in note and f"{float(f'{lead_0:.3g}'):g}" in note
+        assert any(line.get_ydata()[0] == pytest.approx(lead_0) for line in axis.get_lines())  # still drawn
+    assert ratio_axis.get_ylim()[0] <= 0.7 and ratio_axis.get_ylim()[1] >= 1.3  # the band stays in view
+    # z500's lead 0 is within its later leads: its panels are scaled as matplotlib scales them
+    assert not axes[0, CHANNELS.index("z500")].texts
+
+
+def test_the_rank_histograms_title_reads_a_dome_as_too_much_spread():
+    title = " ".join(rank_histogram_figure(hand_made_document())._suptitle.get_text().split())
+    assert "U: too little spread" in title and "a dome: too much spread" in title

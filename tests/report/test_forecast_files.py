@@ -98,3 +98,27 @@ def test_short_names_keep_one_variable_per_channel_and_no_level():
 def test_two_channels_that_become_one_variable_are_refused_with_the_way_out(channels, clash):
     with pytest.raises(DataError, match=rf"channels {clash} both become WeatherBench2's .*--names short"):
         forecast_dataset(forecasts(channels), STARTS, trajectories(channels), {})
+
+
+@pytest.mark.parametrize(("names", "members"), [("wb2", 1), ("short", 3)])
+def test_the_size_said_before_the_write_is_the_data_the_file_holds(names, members, tmp_path):
+    from dlscale.report.forecast_files import write_forecast_file, written_bytes, written_size_line
+
+    values = forecasts()
+    if members > 1:  # an ensemble: (N, M, K, C, H, W)
+        values = np.stack([values + member for member in range(members)], axis=1)
+    dataset = forecast_dataset(values, STARTS, trajectories(), {"workload": "era5_vit"}, names)
+    data_bytes = sum(variable.nbytes for variable in dataset.data_vars.values())
+    assert written_bytes(trajectories(), names, N, members, STEPS) == data_bytes
+    # netCDF is written uncompressed: the file is that, and a few kB of coordinates and metadata
+    path = tmp_path / "forecast.nc"
+    write_forecast_file(dataset, path, "netcdf")
+    assert data_bytes <= path.stat().st_size <= data_bytes + 64_000
+    line = written_size_line("netcdf", names, N, members, STEPS, trajectories())
+    fields = (
+        9 if names == "wb2" else len(CHANNELS)
+    )  # wb2: geopotential, temperature, r at 2 levels, 3 surface
+    ensemble = f" x {members} members" if members > 1 else ""
+    assert line.startswith(f"--write netcdf: forecast.nc will take {data_bytes / 1e3:.3g} kB ")
+    assert f"({N} initial times{ensemble} x {STEPS} leads x {fields} fields of {H} x {W} in float32" in line
+    assert "before zarr's compression" in written_size_line("zarr", names, N, members, STEPS, trajectories())

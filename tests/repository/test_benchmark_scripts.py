@@ -51,6 +51,7 @@ def test_the_ladder_draws_intervals_from_its_trials_and_the_std_from_an_older_re
         ("rollout_training_cost", "2026-11-27-cpu-2-threads-rollout-training-cost"),
         ("multistep_forecast_skill", "2026-11-27-cpu-multistep-forecast-skill"),
         ("ensemble_forecast_skill", "2026-11-27-cpu-ensemble-forecast-skill"),
+        ("unet_memory_layout", "2026-11-28-cpu-unet-memory-layout"),
     ],
 )
 def test_the_plan_reports_rewrite_their_committed_markdown_from_their_json(script, stem):

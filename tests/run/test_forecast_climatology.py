@@ -96,3 +96,41 @@ def test_a_valid_time_on_a_day_without_data_stops_the_forecast_before_the_rollou
     with pytest.raises(DataError, match="at the valid time 2017-01-03T00:00"):
         choose_climatology(str(store), trajectories, trajectories.starts(), steps=8)
     assert choose_climatology(str(store), trajectories, trajectories.starts()[:1], steps=7) is not None
+
+
+def test_the_mean_field_names_one_directory_however_it_was_chosen_and_the_store_none(tmp_path):
+    from dlscale.run.forecast_climatology import directory_climatology
+    from dlscale.run.results_directory import forecast_name_parts
+
+    store = write_store(tmp_path / "clim.zarr")
+    dated, bare, undated = DatedTrajectories(store), DatedTrajectories(None), DatedTrajectories(store, False)
+
+    def part(requested, trajectories) -> list[str]:
+        chosen = choose_climatology(requested, trajectories, trajectories.starts(), steps=2)
+        reference = directory_climatology(requested, chosen)
+        return forecast_name_parts("10d", "every:12h", None, None, 6.0, None, climatology=reference)
+
+    assert part(None, dated) == []  # the data's own store by day of year: the default's name
+    # the mean field, asked for or fallen back to (no store; starts without dates): one name
+    assert part(None, bare) == part("time-mean", dated) == part(None, undated) == ["clim-timemean"]
+    named = part(str(store), dated)
+    assert len(named) == 1 and named[0].startswith("clim-") and named[0] != "clim-timemean"
+    assert directory_climatology(None, None) == "none"  # no climatology at all: no ACC
+    assert forecast_name_parts("10d", "every:12h", None, None, 6.0, None, climatology="none") == ["clim-none"]
+
+
+def test_falling_back_to_the_mean_field_says_its_acc_is_not_weatherbench2s_and_what_builds_one(caplog):
+    trajectories = DatedTrajectories(None)
+    trajectories.climatology_command = "`dlscale data climatology --root /data/era5`"
+    with caplog.at_level("INFO", logger="dlscale.train"):
+        choose_climatology(None, trajectories, trajectories.starts(), steps=2)
+    (warning,) = [record for record in caplog.records if record.levelname == "WARNING"]
+    text = warning.getMessage()
+    assert "not comparable with published ones" in text
+    assert "`dlscale data climatology --root /data/era5` builds WeatherBench2's climatology" in text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="dlscale.train"):
+        choose_climatology("time-mean", trajectories, trajectories.starts(), steps=2)
+    # asked for: said, not warned of
+    assert [record.levelname for record in caplog.records] == ["INFO"]
+    assert "not comparable with published ones" in caplog.records[0].getMessage()

@@ -72,7 +72,8 @@ def test_dates_are_found_in_the_data():
 def test_a_lead_beyond_the_data_says_how_far_it_reaches():
     with pytest.raises(
         DataError,
-        match=r"--lead 2 d 6 h reaches beyond the data: the longest rollout in the test split holds is 1 d 18 h \(7 model steps of 6 h\)",
+        match=r"--lead 2 d 6 h reaches beyond the data: no rollout in the test split is that long, the longest reaches "
+        r"1 d 18 h \(7 model steps of 6 h\); choose a shorter --lead",
     ):
         choose(steps=9)
 

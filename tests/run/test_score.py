@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 import dlscale
+import dlscale.run.score
 from dlscale.cli import main
+from dlscale.data.era5.chunk_files import StoreChunks
 
 xarray = pytest.importorskip("xarray", reason="the era5 extra (xarray, zarr) reads the stores")
 from era5_stores import grid, random_truth, six_hourly_times, write_wb2  # noqa: E402
@@ -301,3 +303,23 @@ def test_a_missing_forecast_and_truth_are_one_line_each(truth_store, tmp_path, c
     assert main(["score", str(forecast), "--truth", str(tmp_path / "nosuch")]) == 2
     assert "--truth" in capsys.readouterr().err
     assert not (tmp_path / "score-offset").exists()
+
+
+def test_each_variable_of_a_forecast_is_read_once_per_block_of_its_chunks(truth_store, tmp_path, monkeypatch):
+    """A zarr chunk holds several initial times, leads and levels: the forecast is read a variable (all its
+    levels) at a time, for the chunk's initial times at every lead, not a channel at a time per lead and few
+    initial times, which decoded each chunk once per channel, lead and batch (up to 120 times in the demo's)."""
+    forecast = offset_forecast(
+        truth_store, tmp_path / "forecast.zarr", OFFSETS
+    )  # one chunk: 3 times, 3 leads
+    reads: list[tuple[str, int, int]] = []
+    check = StoreChunks.check
+
+    def counted(self, array, dims, selection, what):
+        reads.append((array, np.size(selection["time"]), np.size(selection["prediction_timedelta"])))
+        return check(self, array, dims, selection, what)
+
+    monkeypatch.setattr(StoreChunks, "check", counted)
+    monkeypatch.setattr(dlscale.run.score, "BATCH_INITIAL_TIMES", 1)  # the file's chunk alone sets the batch
+    dlscale.score(forecast, truth_store, out=tmp_path / "scores", figures=False)
+    assert sorted(reads) == [(variable, 3, len(LEADS_HOURS)) for variable in sorted(OFFSETS)]

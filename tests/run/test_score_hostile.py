@@ -489,7 +489,7 @@ def test_initial_times_past_the_truth_are_said_and_too_many_refused_with_times_a
     assert scores(tmp_path / "scores")["initial_time_count"] == 2
     # half or more of them scored: scored, and the console says what was left out
     assert score(forecast, truth_store, tmp_path / "all", "--times", "2018..") == 0
-    assert "3 whose valid times the truth (times 2018-01-01T00:00 .. 2018-01-03T18:00) lacks" in (
+    assert "3 whose valid times the truth (12 times, 2018-01-01T00:00 .. 2018-01-03T18:00) lacks" in (
         capsys.readouterr().out
     )
     three = xarray.concat([base, later.isel(time=[0])], "time")  # 4 times, 3 of them scored

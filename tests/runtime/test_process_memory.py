@@ -28,6 +28,9 @@ class FakeProcess:
             raise psutil.NoSuchProcess(self.pid)
         return SimpleNamespace(rss=self.rss)
 
+    def cpu_times(self):
+        return SimpleNamespace(user=3.0, system=0.5)
+
     def children(self, recursive: bool = False):
         assert recursive  # workers of workers count too
         self.children_calls += 1
@@ -72,6 +75,7 @@ def test_read_host_reports_the_process_tree_not_the_machine(monkeypatch):
     reading = read_host()
     assert reading.process_memory_gb == pytest.approx(0.5)
     assert reading.memory_used_gb == pytest.approx(12.0) and reading.memory_total_gb == pytest.approx(32.0)
+    assert reading.process_cpu_s == pytest.approx(3.5)  # user + system: what the CPU-sharing check compares
 
 
 def test_a_child_process_memory_counts_in_the_real_tree(monkeypatch):

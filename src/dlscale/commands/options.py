@@ -154,12 +154,18 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``dlscale forecast`` (see dlscale.run.forecast_times for --lead and --init)."""
     parser.epilog = (
-        "Writes RUN_DIR/forecast/<split>-<checkpoint>/ (e.g. forecast/test-ckpt_latest/) with the default options; "
-        "each option that differs adds a part, e.g. forecast/test-ckpt_latest-lead2d-every1d-init8-netcdf-set-"
-        "1a2b3c4d/ for --lead 2d (or 48h) --init every:1d --init-count 8 --write netcdf and --set changes "
-        "(--batch-size, and --set keys of the parallel and loader sections, add nothing: they change how, not "
-        "what). So forecasts with other options stay beside it; the same command again replaces its own "
-        "directory, and says so. scores.json records the options."
+        "Writes RUN_DIR/forecast/<split>-<checkpoint>/ (e.g. forecast/test-ckpt_latest/) with the default options "
+        "on data with a climatology by day of year (stats/climatology.zarr). Each option that differs adds a part, "
+        "in this order: lead2d (--lead 2d or 48h), every1d (--init every:1d), init8 (--init-count 8), netcdf or "
+        "zarr (--write; netcdf-short with --names short), the ACC's reference, ens8-gaussian0.75 (--members 8 "
+        "--perturb gaussian:0.75; ens8-gaussian0.1-250km, ens8-dropout), set-<hash> (--set changes). The ACC's "
+        "reference is named by what was used: clim-timemean for the one mean field, whether --climatology "
+        "time-mean asked for it or the data has no climatology by day of year yet (its ACC is not comparable with "
+        "WeatherBench2's; dlscale data climatology --root ROOT builds one), clim-<hash> for --climatology PATH, "
+        "clim-none without any climatology (no ACC). So forecast/test-ckpt_latest-lead2d-init8-clim-timemean/ "
+        "before dlscale data climatology and forecast/test-ckpt_latest-lead2d-init8/ after it stay side by side. "
+        "--batch-size, and --set keys of the parallel and loader sections, add nothing (they change how, not "
+        "what). The same command again replaces its own directory, and says so; scores.json records the options."
     )
     add_checkpoint_choice(parser, "target")
     parser.add_argument(
@@ -168,7 +174,7 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lead",
         default="10d",
-        help="how far to roll out, with a unit: 10d (default), 36h; a multiple of the step",
+        help="how far to roll out, a positive duration with its unit: 10d (default), 36h; a multiple of the step",
     )
     parser.add_argument(
         "--init",
@@ -192,7 +198,9 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--write",
         choices=("netcdf", "zarr"),
-        help="also write the forecasts themselves (forecast.nc through h5netcdf, or forecast.zarr), for xarray",
+        help="also write the forecasts themselves (forecast.nc through h5netcdf, or forecast.zarr), for xarray; "
+        "the log says the file's size before the rollout, and a netCDF file (uncompressed) larger than the free "
+        "space is refused then",
     )
     parser.add_argument(
         "--names",
@@ -205,8 +213,9 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH|time-mean",
         help="the ACC's reference and the climatology forecaster: a climatology store by day of year and hour "
         "of day in WeatherBench2's layout (dlscale data climatology writes one; WeatherBench2's published ones "
-        "are read on the forecast's grid), or time-mean (one mean field over the training years). Default: "
-        "data.climatology_path (stats/climatology.zarr) when it exists, else the time mean",
+        "are read on the forecast's grid), or time-mean (one mean field over the training years: an ACC not "
+        "comparable with WeatherBench2's). Default: data.climatology_path (stats/climatology.zarr) when it "
+        "exists, else the time mean (a directory of its own: see below)",
     )
     parser.add_argument(
         "--members",
@@ -220,7 +229,8 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
         "--perturb",
         metavar="gaussian:SCALE[:LENGTH_KM]|dropout",
         help="how an ensemble's members differ: initial-state noise of SCALE x each channel's standard deviation "
-        f"({MIN_SCALE:g} to {MAX_SCALE:g}), correlated over LENGTH_KM (default 500 km; 0: white noise; at most "
+        f"over the training data ({MIN_SCALE:g} to {MAX_SCALE:g}; the log says it in each channel's unit), "
+        "correlated over LENGTH_KM (default 500 km; 0: white noise; at most "
         f"{HALF_CIRCUMFERENCE_KM:,.0f} km, half the Earth's circumference), or the model's dropout kept on",
     )
     add_figures_switch(parser)
@@ -243,7 +253,8 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
         "Reads forecasts in WeatherBench2's layout (dims time, prediction_timedelta, latitude, longitude, level; "
         "a zarr store or a netCDF file, e.g. dlscale forecast --write zarr's, or a WeatherBench2 baseline) and "
         "writes scores.json, scores.csv, skill_vs_lead.png, bias.png (and spectra.png for one forecast) into "
-        "--out, default score-<name> beside the forecast."
+        "--out, default score-<name> beside the forecast. The demo: dlscale forecast runs/demo/00 --write zarr, "
+        "then dlscale score runs/demo/00/forecast/<its directory>/forecast.zarr --truth data/era5_demo."
     )
     parser.add_argument(
         "forecast", metavar="FORECAST", help="the forecast: a zarr store or netCDF file, or LABEL=PATH"
@@ -251,9 +262,10 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--truth",
         required=True,
-        metavar="STORE",
+        metavar="STORE|DATA_ROOT",
         help="the truth: an ERA5 store import-era5 reads (a WeatherBench2 or ARCO-ERA5 zarr store, CDS netCDF "
-        "files) holding the forecast's valid times on its grid",
+        "files), or a dlscale data root (synth-era5's or import-era5's: data/era5_demo; its year files, dates "
+        "and grid), holding the forecast's valid times on its grid",
     )
     parser.add_argument(
         "--climatology",

@@ -60,6 +60,8 @@ class Trajectories(Protocol):
     climatology forecaster against it by default (``--climatology PATH`` names another; the variables are found
     by ``weatherbench2_names``, else by channel name, the grid by ``latitudes`` and ``longitudes``); without
     it, against ``climatology()``. A climatology by day of year needs the starts' dates (``ForecastStart.time``).
+    Where it is None, an optional ``climatology_command`` (a str) names what builds one: the forecast's log says it
+    beside the warning that an ACC against ``climatology()`` is not comparable with WeatherBench2's.
     """
 
     channel_names: tuple[str, ...]  # the C channels a state holds, in order (model input == model output)
@@ -73,6 +75,7 @@ class Trajectories(Protocol):
     # headline_channels: tuple[str, ...]
     # weatherbench2_names: tuple[tuple[str, int | None] | None, ...]
     # climatology_store: pathlib.Path | None
+    # climatology_command: str | None
 
     def starts(self) -> list[ForecastStart]:
         """Every state a rollout can start from, in time order."""

@@ -6,9 +6,9 @@ the tutorial: 4 -> 64 -> 128 -> 256 -> 512 -> 512 -> 512). Up path: ConvTranspos
 padding 1) + ReLU, each doubling the volume, whose output is concatenated with the down path's feature map of
 the same size; a last ConvTranspose3d to the output channels, then tanh. No normalization layers, no buffers.
 Weights are drawn from N(0, ``conv_scale``), biases set to ``conv_bias`` (0.02 and 0 in the tutorial).
-With ``channels_last`` (the default) weights and activations are stored channels-last (NDHWC), which is the
-same math in a layout oneDNN runs about twice as fast on a CPU (measured on this model; the tutorial used the
-default NCDHW).
+With ``channels_last`` weights and activations are stored channels-last (NDHWC): the same math in another
+layout. The default is the tutorial's NCDHW, which trained faster on a CPU at the tutorial's size
+(``benchmarks/unet_memory_layout.py``: channels-last at 0.58x); a GPU is not yet measured.
 
 Parameters: 116,977,029 with full_scale, 66,644,357 without (c = 64, 4 in, 5 out channels).
 The crop edge must be divisible by 2^levels (64 with full_scale, 32 without), so every level halves exactly.

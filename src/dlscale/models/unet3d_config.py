@@ -20,7 +20,10 @@ class UNetConfig:
         default_factory=lambda: {"conv_init": "normal", "conv_scale": 0.02, "conv_bias": 0.0}
     )  # the tutorial's mapping: every conv weight ~ N(0, conv_scale), bias = conv_bias
     lambda_rho: float = 0.0  # weight of L1(exp(14 pred_0), exp(14 target_0)) added to the L1 loss
-    channels_last: bool = True  # keep weights and activations channels-last (NDHWC): 2x faster on CPU
+    # Keep weights and activations channels-last (NDHWC) instead of the tutorial's NCDHW: the same math. Off by
+    # default: a CPU training step at the tutorial's size ran at 0.58x NCDHW's speed (no different at the demo's;
+    # benchmarks/unet_memory_layout.py); not yet measured on a GPU. FSDP2 cannot shard channels-last weights.
+    channels_last: bool = False
 
     # Keys a resumed run may change: they do not change what the saved weights mean (see resume.py).
     RESUME_SAFE_KEYS: ClassVar[tuple[str, ...]] = ("weight_init", "lambda_rho", "channels_last")

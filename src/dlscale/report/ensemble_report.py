@@ -5,6 +5,7 @@
     "ensemble": {
       "members": 16,                        # M, the control (member 0) included
       "perturbation": "Gaussian initial-state noise of 0.05 standard deviations, correlated over 500 km",
+      "perturbation_std": {channel: 95.3},  # gaussian: that noise in each channel's unit (absent for dropout)
       "crps": {channel: [per lead]},        # the ensemble's fair CRPS, channel units
       "deterministic_crps": {channel: [...]},  # the control's CRPS as a one-member ensemble: its MAE
       "spread": {channel: [...]},           # sqrt of the mean member variance (unbiased), channel units
@@ -45,6 +46,8 @@ ENSEMBLE_CONVENTIONS = {
     "unbiased variance (WeatherBench2's ensemble variance, root after the time mean)",
     "spread_skill": "sqrt((M + 1) / M) x spread / ensemble-mean RMSE: 1 for a calibrated ensemble of any size, "
     "below 1 under-dispersive; spread_skill_uncorrected drops the factor (WeatherBench2's figure)",
+    "perturbation_std": "gaussian members: the initial-state noise's standard deviation in each channel's unit "
+    "(SCALE x the channel's standard deviation over the training data), the mean over the grid",
     "rank_histograms": "counts of the truth's rank among the M members (0: below all) over every grid point and "
     "initial time, not weighted; ties broken at random: flat for a calibrated ensemble",
 }
@@ -158,6 +161,32 @@ def nonfinite_members_warning(document: dict[str, Any], shown: int = 10) -> str 
             f"and the ensemble's scores from there are NaN; {remedy}"
         )
     return f"The ensemble's {text}, the control (member 0, the model's own forecast) among them"
+
+
+def perturbation_size_text(
+    noise: np.ndarray, channel_names: Sequence[str], units: Sequence[str], shown: Sequence[str]
+) -> str:
+    """The ``shown`` channels' noise in their units, from ``noise`` (C, H, W), the standard deviation at each
+    point (:func:`dlscale.scoring.perturbations.noise_in_units`): ``z500 1430 m^2/s^2, t850 13.2 K``, a range
+    ``1.2 to 3.4 K`` for a channel whose size varies over the grid."""
+    parts = []
+    for name in shown:
+        c = list(channel_names).index(name)
+        low, high = float(np.min(noise[c])), float(np.max(noise[c]))
+        size = _digits(low) if high - low <= 1e-3 * high else f"{_digits(low)} to {_digits(high)}"
+        parts.append(f"{name} {size} {units[c]}".rstrip())
+    return ", ".join(parts)
+
+
+def _digits(value: float) -> str:
+    """Three significant digits, written out where they can be (``1430``, ``13.2``, ``0.0123``), not ``1.43e+03``."""
+    return f"{float(f'{value:.3g}'):g}"
+
+
+def perturbation_std_entry(noise: np.ndarray, channel_names: Sequence[str]) -> dict[str, float]:
+    """``scores.json``'s ``ensemble.perturbation_std``: each channel's noise in its unit, the mean over the grid
+    of the standard deviation at each point (the same at every point for a channel normalized by one std)."""
+    return {name: float(np.mean(noise[c])) for c, name in enumerate(channel_names)}
 
 
 def _number(value: float | None) -> str:

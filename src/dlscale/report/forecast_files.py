@@ -137,6 +137,35 @@ def _weatherbench2_variables(
     before the grid) and the ``level`` coordinate (ascending hPa; empty without pressure-level fields).
     ``forecasts``: (..., C, H, W), the dimensions before the channels' those of ``dims`` before the grid's."""
     channels = trajectories.channel_names
+    index, on_levels, levels = _weatherbench2_layout(channels, field_names)
+    level_dims = (*dims[:-2], "level", *dims[-2:])
+    variables: dict[str, Any] = {}
+    for variable, levelled in on_levels.items():
+        if not levelled:
+            c = index[(variable, None)]
+            attrs = {"units": trajectories.units[c], "long_name": trajectories.long_names[c]}
+            variables[variable] = (dims, forecasts[..., c, :, :], attrs)
+            continue
+        per_level = {level: c for (name, level), c in index.items() if name == variable}  # channels' order
+        shape = (*forecasts.shape[:-3], len(levels), *forecasts.shape[-2:])
+        values = np.full(shape, np.nan, dtype=forecasts.dtype)
+        for level, c in per_level.items():
+            values[..., levels.index(level), :, :] = forecasts[..., c, :, :]
+        attrs = {
+            "units": trajectories.units[next(iter(per_level.values()))],
+            "long_name": variable.replace("_", " "),
+            "channels": ",".join(channels[per_level[level]] for level in sorted(per_level)),
+        }
+        variables[variable] = (level_dims, values, attrs)
+    return variables, levels
+
+
+def _weatherbench2_layout(
+    channels: Sequence[str], field_names: Sequence[tuple[str, int | None] | None]
+) -> tuple[dict[tuple[str, int | None], int], dict[str, bool], list[int]]:
+    """Which channel becomes which (variable, level) of the ``wb2`` layout, whether each variable has levels
+    (in the channels' order), and the ``level`` coordinate (ascending hPa); a DataError where two channels
+    would become one field."""
     if len(field_names) != len(channels):
         raise DataError(
             f"the data names {len(field_names)} WeatherBench2 fields for its {len(channels)} channels; "
@@ -158,26 +187,52 @@ def _weatherbench2_variables(
         index[(variable, level)] = c
         on_levels[variable] = level is not None
     levels = sorted({level for _, level in index if level is not None})
-    level_dims = (*dims[:-2], "level", *dims[-2:])
-    variables: dict[str, Any] = {}
-    for variable, levelled in on_levels.items():
-        if not levelled:
-            c = index[(variable, None)]
-            attrs = {"units": trajectories.units[c], "long_name": trajectories.long_names[c]}
-            variables[variable] = (dims, forecasts[..., c, :, :], attrs)
-            continue
-        per_level = {level: c for (name, level), c in index.items() if name == variable}  # channels' order
-        shape = (*forecasts.shape[:-3], len(levels), *forecasts.shape[-2:])
-        values = np.full(shape, np.nan, dtype=forecasts.dtype)
-        for level, c in per_level.items():
-            values[..., levels.index(level), :, :] = forecasts[..., c, :, :]
-        attrs = {
-            "units": trajectories.units[next(iter(per_level.values()))],
-            "long_name": variable.replace("_", " "),
-            "channels": ",".join(channels[per_level[level]] for level in sorted(per_level)),
-        }
-        variables[variable] = (level_dims, values, attrs)
-    return variables, levels
+    return index, on_levels, levels
+
+
+def written_fields(trajectories: Trajectories, names: str = "wb2") -> int:
+    """How many (H, W) fields the file holds per initial time, member and lead: one per channel, or with
+    WeatherBench2's names one per variable and level of the ``level`` coordinate (a field missing at a level,
+    NaN there, takes its room all the same)."""
+    field_names = getattr(trajectories, "weatherbench2_names", None) if names == "wb2" else None
+    if field_names is None:
+        return len(trajectories.channel_names)
+    _, on_levels, levels = _weatherbench2_layout(trajectories.channel_names, field_names)
+    return sum(len(levels) if levelled else 1 for levelled in on_levels.values())
+
+
+def written_bytes(
+    trajectories: Trajectories, names: str, initial_times: int, members: int, steps: int
+) -> int:
+    """The bytes of the forecasts ``--write`` writes, uncompressed: float32 values of every initial time, member
+    and lead 1..steps (the coordinates and metadata add a few kB)."""
+    grid = len(trajectories.latitudes) * len(trajectories.longitudes)
+    return 4 * initial_times * members * steps * written_fields(trajectories, names) * grid
+
+
+def written_size_line(
+    fmt: str, names: str, initial_times: int, members: int, steps: int, trajectories: Trajectories
+) -> str:
+    """What ``--write`` will write and how large it is, for the log before the rollout: netCDF is written
+    uncompressed (its size is this), zarr's chunks compressed (less, on a grid of any size)."""
+    size = written_bytes(trajectories, names, initial_times, members, steps)
+    ensemble = f" x {members} members" if members > 1 else ""
+    fields = written_fields(trajectories, names)
+    shape = (
+        f"{initial_times} initial time{'s' if initial_times != 1 else ''}{ensemble} x {steps} "
+        f"lead{'s' if steps != 1 else ''} x {fields} field{'s' if fields != 1 else ''} of "
+        f"{len(trajectories.latitudes)} x {len(trajectories.longitudes)} in float32"
+    )
+    how = "uncompressed" if fmt == "netcdf" else "before zarr's compression of its chunks"
+    return f"--write {fmt}: {FORMATS[fmt]} will take {_megabytes(size)} ({shape}, {how})"
+
+
+def _megabytes(count: int) -> str:
+    """``673 MB``, ``1.55 GB``, ``12 kB``: three significant digits in powers of 1000, as df -H."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count} B"
 
 
 def _netcdf_attributes(attributes: dict[str, Any]) -> dict[str, Any]:

@@ -382,9 +382,16 @@ def log_forecast(document: dict[str, Any], written: Sequence[Any]) -> None:
     for line in headline_lines(document):
         log.info("  %s", line)
     if document.get("climatology") is not None:
+        # The mean field's ACC keeps the seasonal and daily cycles: said where the numbers are read.
+        caveat = (
+            "; not WeatherBench2's: this ACC is not comparable with published ones"
+            if document["climatology"].get("kind") != "day_of_year_and_hour"
+            else ""
+        )
         log.info(
-            "  (ACC and the climatology forecaster: the climatology %s)",
+            "  (ACC and the climatology forecaster: the climatology %s%s)",
             climatology_label(document["climatology"]),
+            caveat,
         )
     if document.get("headline_note"):
         log.info("  (the table shows %s)", document["headline_note"])

@@ -95,7 +95,8 @@ class ProgressReporter(Observer):
 class PassProgress:
     """One pass over ``batches`` (an evaluation) with its progress: on a terminal a bar that appears once the
     pass has taken ``delay_s`` (a pass of a few seconds shows none), in a batch log a plain line every
-    ``interval_s`` seconds (``mode`` as ``log.progress``: auto, bar, lines or none)."""
+    ``interval_s`` seconds (``mode`` as ``log.progress``: auto, bar, lines or none) through ``logger`` (default
+    ``dlscale.train``'s; a command with a logger of its own passes it)."""
 
     def __init__(
         self,
@@ -105,6 +106,7 @@ class PassProgress:
         interval_s: float = 30.0,
         stream: TextIO = sys.stderr,
         delay_s: float = 3.0,
+        logger: logging.Logger = log,
     ):
         self.batches = batches
         self.what = what
@@ -112,6 +114,7 @@ class PassProgress:
         self.interval_s = interval_s
         self.stream = stream
         self.delay_s = delay_s
+        self.logger = logger
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -137,7 +140,7 @@ class PassProgress:
                     bar.update(1)
                 elif self.mode == "lines" and time.perf_counter() - last_line >= self.interval_s:
                     last_line = time.perf_counter()
-                    log.info("%s", self.status_line(done, total, last_line - started))
+                    self.logger.info("%s", self.status_line(done, total, last_line - started))
         finally:
             if bar is not None:
                 bar.close()

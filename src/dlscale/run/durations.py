@@ -32,10 +32,18 @@ def parse_duration_hours(text: str, option: str) -> float:
 
 
 def lead_hours(text: str) -> float:
-    """``--lead`` in hours: a duration with its unit above 0 (a forecast of no lead scores nothing)."""
+    """``--lead`` in hours: a duration with its unit above 0 (a forecast of no lead scores nothing). Whatever is
+    wrong with it (no unit, 0, a sign), the one message asks for both, so that a second try is not refused for
+    the other reason (``--lead 0`` once asked for a unit, and ``--lead 0d`` then for a positive duration)."""
+    positive = (
+        f"--lead {text!r}: expected a positive duration with its unit, e.g. 10d, 36h or 90m (d days, h hours, "
+        "m minutes)"
+    )
+    if _DURATION.match(str(text)) is None:
+        raise ConfigError(positive)
     hours = parse_duration_hours(text, "--lead")
     if hours <= 0:
-        raise ConfigError(f"--lead {text}: expected a positive duration with its unit, e.g. 10d or 36h")
+        raise ConfigError(positive)
     return hours
 
 

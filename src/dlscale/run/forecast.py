@@ -33,13 +33,19 @@ from dlscale.checkpoint.sharded_state import local_model_state
 from dlscale.data.trajectories import ForecastStart, Trajectories
 from dlscale.errors import ConfigError, DataError
 from dlscale.perf.inference_memory import step_bytes_per_sample
-from dlscale.report.ensemble_report import RANK_HISTOGRAM_DAYS
+from dlscale.report.ensemble_report import (
+    RANK_HISTOGRAM_DAYS,
+    perturbation_size_text,
+    perturbation_std_entry,
+)
 from dlscale.report.forecast_files import (
     FORMATS,
     NAMES,
     check_writable_format,
     forecast_dataset,
     write_forecast_file,
+    written_bytes,
+    written_size_line,
 )
 from dlscale.report.forecast_report import (
     MAP_DAYS,
@@ -55,7 +61,7 @@ from dlscale.report.progress_display import PassProgress
 from dlscale.report.run_dir import early_logging
 from dlscale.report.scores_directory import FORECAST_OPTION, score_figures, write_scores_directory
 from dlscale.run.evaluation import Evaluation, prepare
-from dlscale.run.forecast_climatology import choose_climatology
+from dlscale.run.forecast_climatology import choose_climatology, directory_climatology
 from dlscale.run.forecast_memory import (
     NOISE_BYTES_PER_VALUE,
     WHITE_NOISE_BYTES_PER_VALUE,
@@ -75,9 +81,9 @@ from dlscale.runtime.distributed import (
 )
 from dlscale.runtime.launch import ProcessInfo, detect_process
 from dlscale.runtime.rng import seed_everything
-from dlscale.runtime.storage import probe_creatable
+from dlscale.runtime.storage import probe_creatable, require_free_space
 from dlscale.scoring.perturbation_spec import DROPOUT, Perturbation, check_ensemble_options
-from dlscale.scoring.perturbations import ensemble_members
+from dlscale.scoring.perturbations import ensemble_members, noise_in_units
 from dlscale.scoring.rollout import EnsembleMembers, Rollout, roll_out
 from dlscale.scoring.rollout_ranks import sum_rollout_across_ranks
 from dlscale.training.precision import Precision
@@ -175,12 +181,16 @@ def _forecast(
     starts = choose(options.init_count, where)
     # An --init-count that keeps every initial time changes nothing, so it names no directory of its own.
     counted = options.init_count if len(starts) < len(choose(None, where)) else None
-    output_dir = _output_dir(evaluation, options, counted, trajectories.step_hours)
+    # The ACC's reference names the directory (a forecast against the mean field never replaces one against
+    # the climatology by day of year), so it is chosen first.
+    climatology = choose_climatology(options.climatology, trajectories, starts, steps)
+    reference = directory_climatology(options.climatology, climatology)
+    output_dir = _output_dir(evaluation, options, counted, trajectories.step_hours, reference)
     # A place that cannot take the results (read-only, full, not a directory) is said now, not after the rollout.
     probe_creatable(output_dir, FORECAST_OPTION)
     if options.write is not None:
         _check_memory_for_forecasts(len(starts) * options.members, steps, trajectories)
-    climatology = choose_climatology(options.climatology, trajectories, starts, steps)
+        _check_written_size(options, len(starts), steps, trajectories, output_dir)
 
     device.configure(cfg.train.deterministic, tf32=cfg.train.tf32)
     seed_everything(cfg.train.seed)
@@ -211,12 +221,25 @@ def _forecast(
         batch_size,
         device.name,
     )
+    noise = None
     if members is not None:
+        in_units = ""
+        if perturbation is not None and perturbation.kind != DROPOUT:
+            grid = (
+                len(trajectories.channel_names),
+                len(trajectories.latitudes),
+                len(trajectories.longitudes),
+            )
+            noise = noise_in_units(perturbation.scale, trajectories.to_physical, grid)
+            shown = headline_channels(trajectories).names
+            sizes = perturbation_size_text(noise, trajectories.channel_names, trajectories.units, shown)
+            in_units = f"; in the channels' units, its standard deviation at each point: {sizes}"
         log.info(
-            "Ensemble of %d members: the control and %d with %s",
+            "Ensemble of %d members: the control and %d with %s%s",
             members.count,
             members.count - 1,
             members.description,
+            in_units,
         )
     notice = replacement_notice(output_dir, SCORES_JSON, "forecast")
     if notice is not None:
@@ -269,6 +292,8 @@ def _forecast(
         "output_dir": str(output_dir),
     }
     document = forecast_document(rollout, trajectories, identity, [start.describe() for start in starts])
+    if noise is not None:
+        document["ensemble"]["perturbation_std"] = perturbation_std_entry(noise, trajectories.channel_names)
 
     def write() -> None:
         written = _write(
@@ -301,9 +326,14 @@ def _add_up_ranks(rollout: Rollout, counts: list[int], device: Device) -> None:
 
 
 def _output_dir(
-    evaluation: Evaluation, options: ForecastOptions, counted: int | None, step_hours: float
+    evaluation: Evaluation,
+    options: ForecastOptions,
+    counted: int | None,
+    step_hours: float,
+    reference: str | None,
 ) -> Path:
-    """``<run dir>/forecast/<split>-<checkpoint>``, with a part for each option that changes the results."""
+    """``<run dir>/forecast/<split>-<checkpoint>``, with a part for each option that changes the results and
+    for the ACC's ``reference`` (:func:`dlscale.run.forecast_climatology.directory_climatology`)."""
     parts = forecast_name_parts(
         options.lead,
         options.init,
@@ -312,7 +342,7 @@ def _output_dir(
         step_hours,
         evaluation.override_part,
         options.names,
-        options.climatology,
+        reference,
         options.members,
         options.perturb,
     )
@@ -331,6 +361,20 @@ def _check_memory_for_forecasts(count: int, steps: int, trajectories: Trajectori
             f"initial times x {steps} leads, more than half of the {available / 1e9:.1f} GB available; write "
             "fewer with --init-count or a shorter --lead"
         )
+
+
+def _check_written_size(
+    options: ForecastOptions, initial_times: int, steps: int, trajectories: Trajectories, output_dir: Path
+) -> None:
+    """Say how large --write's file will be, before the rollout; refuse a netCDF file (written uncompressed, so
+    its size is known) larger than the free space where it goes, rather than fill the disk at the end."""
+    fmt = options.write
+    assert fmt is not None
+    log.info("%s", written_size_line(fmt, options.names, initial_times, options.members, steps, trajectories))
+    if fmt == "netcdf":
+        size = written_bytes(trajectories, options.names, initial_times, options.members, steps)
+        existing = next(parent for parent in (output_dir, *output_dir.parents) if parent.exists())
+        require_free_space(existing, size, FORMATS[fmt], FORECAST_OPTION, named=output_dir)
 
 
 def _check_ensemble_memory(

@@ -66,9 +66,9 @@ def choose_starts(
     longest = max(reach, default=0)
     if steps > longest:
         raise DataError(
-            f"--lead {format_hours(steps * step_hours)} reaches beyond the data: the longest rollout {where} holds "
-            f"is {format_hours(longest * step_hours)} ({longest} model steps of {format_hours(step_hours)}); "
-            "choose a shorter --lead"
+            f"--lead {format_hours(steps * step_hours)} reaches beyond the data: no rollout {where} is that long, "
+            f"the longest reaches {format_hours(longest * step_hours)} ({longest} model steps of "
+            f"{format_hours(step_hours)}); choose a shorter --lead"
         )
     text = str(init).strip()
     every_hours = init_every_hours(text, step_hours)

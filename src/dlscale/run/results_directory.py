@@ -1,10 +1,10 @@
 """Where ``dlscale evaluate`` and ``dlscale forecast`` put their results: a directory per set of options.
 
 A forecast of 2 days from 8 initial times must not replace the 10-day forecast from 236 that took 12 minutes,
-so the directory's name says which options changed the results. With the default options it is
-``<split>-<checkpoint>`` (``test-ckpt_latest``), as it always was; each option that differs from its default
-adds a short part, written the same way whatever way it was asked for (``--lead 48h`` and ``--lead 2d`` are
-``lead2d``):
+so the directory's name says which options changed the results. With the default options (on data with a
+climatology by day of year) it is ``<split>-<checkpoint>`` (``test-ckpt_latest``), as it always was; each option
+that differs from its default adds a short part, written the same way whatever way it was asked for (``--lead
+48h`` and ``--lead 2d`` are ``lead2d``):
 
 * ``lead2d``: ``--lead`` (in days, else hours, else minutes);
 * ``every1d``: ``--init every:...`` (``every:4`` model steps of 6 h is ``every1d`` too); ``at20180101T00`` for
@@ -12,8 +12,15 @@ adds a short part, written the same way whatever way it was asked for (``--lead 
 * ``init8``: ``--init-count 8``, when it keeps fewer than all the initial times;
 * ``netcdf``, ``zarr``: ``--write``; ``netcdf-short``, ``zarr-short`` with ``--names short`` (the file's
   variables named as the channels, not as WeatherBench2's);
-* ``clim-timemean``: ``--climatology time-mean``; ``clim-<8 hex>`` for ``--climatology PATH`` (a hash of the
-  absolute path). Left out, the climatology is the data's default and adds nothing;
+* ``clim-timemean``, ``clim-<8 hex>``, ``clim-none``: the ACC's reference, named by what was used, not by how it
+  was asked for (:func:`dlscale.run.forecast_climatology.directory_climatology`): ``clim-timemean`` for the one
+  mean field, whether ``--climatology time-mean`` or the fallback of data without a climatology by day of year
+  chose it; ``clim-<8 hex>`` for ``--climatology PATH`` (a hash of the absolute path); ``clim-none`` for no
+  climatology at all (no ACC). The data's own store by day of year (``data.climatology_path``, the ACC
+  WeatherBench2 reports) adds nothing, so the same command before and after ``dlscale data climatology`` writes
+  two directories;
+* ``ens8-gaussian0.75``: ``--members 8 --perturb gaussian:0.75`` (``ens8-gaussian0.1-250km`` with a length,
+  ``ens8-dropout``);
 * ``set-<8 hex>``: the ``--set`` changes (a hash of the keys, written in their sections, and their values; the
   last value of a key counts). Those of the ``parallel`` and ``loader`` sections only say how the work is laid
   out and read, not what it computes, and leave the name alone, as ``--batch-size`` does.
@@ -59,7 +66,8 @@ def forecast_name_parts(
 ) -> list[str]:
     """The parts of a forecast's directory name for options that differ from the defaults. ``lead`` and
     ``init`` have been checked (by :mod:`dlscale.run.forecast_times`); ``effective_init_count`` is None when
-    ``--init-count`` kept every initial time (it then changed nothing)."""
+    ``--init-count`` kept every initial time (it then changed nothing); ``climatology`` is the ACC's reference
+    as :func:`dlscale.run.forecast_climatology.directory_climatology` says it (None: the data's own store)."""
     parts = []
     lead_label = duration_label(parse_duration_hours(lead, "--lead"))
     if lead_label != duration_label(parse_duration_hours(DEFAULT_LEAD, "--lead")):
@@ -92,9 +100,12 @@ def _ensemble_label(members: int, perturb: str | None) -> str:
 
 
 def _climatology_label(climatology: str) -> str:
-    """``clim-timemean`` for ``--climatology time-mean``, else ``clim-<8 hex>`` of the store's absolute path."""
+    """``clim-timemean`` for the mean field, ``clim-none`` for no climatology, else ``clim-<8 hex>`` of the
+    store's absolute path."""
     if climatology == "time-mean":  # dlscale.run.forecast_climatology.TIME_MEAN_OPTION
         return "clim-timemean"
+    if climatology == "none":  # dlscale.run.forecast_climatology.NO_CLIMATOLOGY
+        return "clim-none"
     return f"clim-{short_hash([str(Path(climatology).expanduser().absolute())])}"
 
 

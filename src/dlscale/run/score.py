@@ -2,8 +2,9 @@
 that scores ``dlscale forecast``'s rollouts.
 
 What is read: each forecast (a zarr store or a netCDF file: ours from ``forecast --write``, or one from
-elsewhere; :mod:`dlscale.data.era5.forecast_reading`), the truth (any store ``import-era5`` reads;
-:mod:`dlscale.data.era5.truth_reading`) and, when named, a climatology store by day of year and hour of day
+elsewhere; :mod:`dlscale.data.era5.forecast_reading`), the truth (any store ``import-era5`` reads, or a dlscale
+data root such as the demo's ``data/era5_demo``: its year files by their dates, on their grid or the crop a run
+reads; :mod:`dlscale.data.era5.truth_reading`) and, when named, a climatology store by day of year and hour of day
 (:mod:`dlscale.run.forecast_climatology`: the ACC's reference and the climatology forecaster; without one there
 is no ACC). What is scored (:mod:`dlscale.run.score_matching`): the truth's whole grid, which every forecast
 must be on (in any order); the channels all of them and the truth hold (or ``--channels``); the initial times
@@ -21,8 +22,14 @@ score (null). Persistence: the truth at each initial time, as ``dlscale forecast
 scored when the truth has every initial time; a forecast's own lead 0, where it has one, is that forecast's
 score at lead 0.
 
-Streams: a few initial times at a time (:data:`BATCH_INITIAL_TIMES`), one lead at a time, so memory holds a
-few fields of each forecast and of the truth, never a whole forecast. The scores are
+Streams, in blocks: a batch of initial times (the forecast file's chunk along time, at least
+:data:`BATCH_INITIAL_TIMES`) at as many leads as fit in :data:`BLOCK_BYTES` is read at once, each variable with
+its levels in one read, and the truth's valid times of the block once each; then scored lead by lead. So each
+chunk of a forecast file is decoded once per block, not once per channel, lead and few initial times (the
+demo's 10-day forecast, chunked by zarr's defaults in 12 initial times, 20 leads and 2 levels, had each chunk
+decoded up to 120 times: slower than the forecast that made it), and memory holds a block, never a whole
+forecast. A progress display counts the initial times scored (:class:`ScoringProgress`: a bar on a terminal, a
+line every :data:`PROGRESS_INTERVAL_S` in a batch log, with an ETA). The scores are
 :class:`~dlscale.scoring.forecast_scores.ForecastScores` and :class:`~dlscale.scoring.spectra.ZonalSpectra`
 (the model's and the truth's spectra: one forecast; a comparison has none), the document
 :func:`~dlscale.report.forecast_report.forecast_document`'s, the directory written in one piece
@@ -33,8 +40,8 @@ An ensemble (a ``number`` dimension: ``dlscale forecast --members``, WeatherBenc
 ``dlscale forecast`` scores its own, through :func:`~dlscale.scoring.rollout.score_members`: its first member
 (number 0, the control; see :mod:`dlscale.data.era5.forecast_reading` for a file without one) is ``model``, the
 members' mean ``ensemble``, and the document's ``ensemble`` entry holds the CRPS, spread, spread/skill and rank
-histograms (:mod:`dlscale.report.ensemble_report`); the spectra are the first member's. A few initial times with
-all their members are read at a time (:data:`BATCH_INITIAL_TIMES` divided by the members, at least one). An
+histograms (:mod:`dlscale.report.ensemble_report`); the spectra are the first member's. A batch's initial times
+are read with all their members (as many as fit in :data:`BLOCK_BYTES` with them, at least one). An
 ensemble is scored alone: ``--compare`` with one is refused, as a comparison's document has one forecaster per
 forecast and no room for several ensembles' CRPS and rank histograms, and scoring each by its mean alone would
 hide what makes it an ensemble.
@@ -53,6 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dlscale.data.era5.data_root_truth import DataRootSource
 from dlscale.data.era5.forecast_reading import MEMBER, ForecastFile
 from dlscale.data.era5.importing.names import weatherbench2_name
 from dlscale.data.era5.truth_reading import TruthStore
@@ -60,6 +68,7 @@ from dlscale.data.trajectories import ForecastStart
 from dlscale.errors import DataError
 from dlscale.report.forecast_report import forecast_document, headline_lines
 from dlscale.report.forecast_selection import lead_text
+from dlscale.report.progress_display import PassProgress
 from dlscale.report.run_dir import early_logging
 from dlscale.report.scores_directory import SCORE_OPTION, score_figures, write_scores_directory
 from dlscale.run.forecast_climatology import choose_climatology
@@ -72,6 +81,7 @@ from dlscale.run.score_matching import (
     line_up,
     open_truth,
 )
+from dlscale.runtime.progress_text import format_duration
 from dlscale.runtime.storage import probe_creatable
 from dlscale.runtime.strict_json import to_json
 from dlscale.scoring.climatologies import Climatology
@@ -89,10 +99,17 @@ from dlscale.scoring.rollout import (
 from dlscale.scoring.spectra import ZonalSpectra
 from dlscale.version import __version__
 
-log = logging.getLogger("dlscale.train")
+log = logging.getLogger("dlscale.score")
 
 BATCH_INITIAL_TIMES = 4  # initial times read and scored together (an ensemble's: divided by its members)
+# The most the forecasts' fields of one block (a batch's initial times at some leads) hold: every forecast's, every
+# member's. The truth's fields of a block take no more than one forecast's.
+BLOCK_BYTES = 256 << 20
 MINUTE = np.timedelta64(1, "m")
+CLIMATOLOGY_STORE = "stats/climatology.zarr"  # where dlscale data climatology writes a data root's store
+# The progress display: a bar on a terminal, a line this often in a batch log (as log.progress's auto).
+PROGRESS_MODE = "auto"
+PROGRESS_INTERVAL_S = 30.0
 
 
 @dataclass
@@ -163,6 +180,7 @@ def score_forecasts(
                 notes.info(file.level_note)
                 notes.info(file.lead_note)
                 if file.unnamed:  # fields meant as channels, under a name no channel has
+                    notes.channels_left_out.update((field, "no channel's name") for field in file.unnamed)
                     notes.warn(
                         f"{file.path}: left out of the scores: {'; '.join(file.left_out)} (a pressure-level field "
                         "is read under WeatherBench2's name, e.g. geopotential, or its short one, z)"
@@ -209,7 +227,9 @@ def _score(
     steps = int(lined.leads[-1] // lined.step)
     starts = [ForecastStart(0, i, t) for i, t in enumerate(lined.times)]
     climatology = None
-    if climatology_path is not None:
+    if climatology_path is None:
+        _say_no_climatology(store)
+    else:
         climatology = choose_climatology(climatology_path, grid, starts, steps)  # type: ignore[arg-type]
     single = len(named) == 1
     labels = [MODEL] if single else [forecast.label for forecast in named]
@@ -262,6 +282,7 @@ def _score(
     written = write_scores_directory(directory, document, drawn, "the scores")
     for line in headline_lines(document):
         log.info("  %s", line)
+    _say_channels(channels, notes)
     log.info("Scores written to %s (%s)", directory, ", ".join(path.name for path in written))
     return ScoreResult(json.loads(to_json(document)), directory)
 
@@ -297,47 +318,89 @@ def _rollout(
         {label: np.zeros((n_leads, len(channels)), bool) for label in labels},
         np.zeros((n_leads, len(channels)), bool),
     )
-    per_batch = max(1, BATCH_INITIAL_TIMES // files[0].member_count)
-    for at in range(0, len(lined.times), per_batch):
-        batch = np.arange(at, min(at + per_batch, len(lined.times)))
+    per_batch, per_block = _block_sizes(files, len(channels), grid, dtype, len(lined.leads))
+    batches = [
+        np.arange(at, min(at + per_batch, len(lined.times))) for at in range(0, len(lined.times), per_batch)
+    ]
+    for batch in ScoringProgress(batches, len(lined.times)):
         times = lined.times[batch]
         initial = torch.from_numpy(store.read(times)).to(precision) if lined.persistence else None
-        for position, lead in enumerate(lined.leads):
-            index = int(lead // lined.step)
-            truth = torch.from_numpy(store.read(times + lead)).to(precision)
-            nonfinite.truth[index] |= _nonfinite_channels(truth)
-            forecasts = {
-                label: torch.from_numpy(
-                    file.read(
-                        lined.time_at[f][batch],
-                        int(lined.lead_at[f][position]),
-                        channels,
-                        lined.rows[f],
-                        lined.columns[f],
-                        dtype,
-                    )
+        for first in range(0, len(lined.leads), per_block):
+            block = np.arange(first, min(first + per_block, len(lined.leads)))
+            # every valid time of the block once (the batch's initial times share most of them), then each lead's
+            valid = times[:, None] + lined.leads[block][None, :]
+            held = np.unique(valid)
+            states = store.read(held)
+            block_forecasts = {
+                label: file.read_leads(
+                    lined.time_at[f][batch],
+                    lined.lead_at[f][block],
+                    channels,
+                    lined.rows[f],
+                    lined.columns[f],
+                    dtype,
                 )
                 for f, (label, file) in enumerate(zip(labels, files, strict=True))
             }
-            # one forecast's every value: the model's (N, C, H, W), or an ensemble's members (N, M, C, H, W)
-            own = forecasts[MODEL] if single else None
-            if ensemble is not None and own is not None:
-                forecasts[ENSEMBLE] = score_members(ensemble, index, own, truth)  # counts non-finite members
-                forecasts[MODEL] = own[:, 0]
-            for label in labels:  # an ensemble's: its first member's, scored alone as the model
-                nonfinite.forecasts[label][index] |= _nonfinite_channels(forecasts[label])
-            if initial is not None:
-                forecasts[PERSISTENCE] = initial
-            reference = None
-            if climatology is not None:
-                reference = climatology.fields([starts[i] for i in batch], index).to(precision)
-            score_lead(scores, index, forecasts, truth, reference)
-            if spectra is not None:
-                spectra.add(index, forecasts[MODEL], truth)
+            for at, position in enumerate(block):
+                index = int(lined.leads[position] // lined.step)
+                truth = torch.from_numpy(states[np.searchsorted(held, valid[:, at])]).to(precision)
+                nonfinite.truth[index] |= _nonfinite_channels(truth)
+                forecasts = {label: torch.from_numpy(read[:, at]) for label, read in block_forecasts.items()}
+                # one forecast's every value: the model's (N, C, H, W), or an ensemble's members (N, M, C, H, W)
+                own = forecasts[MODEL] if single else None
+                if ensemble is not None and own is not None:  # score_members counts non-finite members
+                    forecasts[ENSEMBLE] = score_members(ensemble, index, own, truth)
+                    forecasts[MODEL] = own[:, 0]
+                for label in labels:  # an ensemble's: its first member's, scored alone as the model
+                    nonfinite.forecasts[label][index] |= _nonfinite_channels(forecasts[label])
+                if initial is not None:
+                    forecasts[PERSISTENCE] = initial
+                reference = None
+                if climatology is not None:
+                    reference = climatology.fields([starts[i] for i in batch], index).to(precision)
+                score_lead(scores, index, forecasts, truth, reference)
+                if spectra is not None:
+                    spectra.add(index, forecasts[MODEL], truth)
     flagged = np.flatnonzero(nonfinite.forecasts[labels[0]].any(axis=1))
     first_nonfinite = int(flagged[0]) if len(flagged) else None
     rollout = Rollout(scores, n_leads - 1, 0.0, 0.0, None, None, first_nonfinite, spectra, ensemble)
     return rollout, nonfinite
+
+
+def _block_sizes(
+    files: list[ForecastFile], n_channels: int, grid: ScoredGrid, dtype: np.dtype, n_leads: int
+) -> tuple[int, int]:
+    """(initial times per batch, leads per block). A batch is the first forecast's chunk along time (so each
+    chunk is decoded once per block of leads, not once per few initial times), at least
+    :data:`BATCH_INITIAL_TIMES` (an ensemble's divided by its members); no more than fit one lead of every
+    forecast and member in :data:`BLOCK_BYTES`, and at least one. A block is as many leads as fit in it."""
+    state = n_channels * len(grid.latitudes) * len(grid.longitudes) * np.dtype(dtype).itemsize
+    # one initial time at one lead, every forecast, every member
+    per_lead = state * sum(file.member_count for file in files)
+    wanted = max(BATCH_INITIAL_TIMES // files[0].member_count, files[0].time_chunk)
+    per_batch = max(1, min(wanted, BLOCK_BYTES // per_lead))
+    return per_batch, max(1, min(n_leads, BLOCK_BYTES // (per_lead * per_batch)))
+
+
+class ScoringProgress(PassProgress):
+    """The batches of initial times being scored, shown as the house shows a pass (a bar on a terminal, a plain
+    line every :data:`PROGRESS_INTERVAL_S` in a batch log), the lines counting initial times."""
+
+    def __init__(self, batches: list[np.ndarray], total_times: int):
+        super().__init__(batches, "scoring", PROGRESS_MODE, PROGRESS_INTERVAL_S, logger=log)
+        self.total_times = total_times
+        self.times_done = np.cumsum([len(batch) for batch in batches])
+
+    def status_line(self, done: int, total: int | None, elapsed: float) -> str:
+        """e.g. ``scoring: 48/236 initial times (20%), 3.1 initial times/s, ETA 1m16s``."""
+        times = int(self.times_done[done - 1])
+        rate = times / elapsed if elapsed > 0 else 0.0
+        eta = format_duration((self.total_times - times) / rate) if rate > 0 else "?"
+        return (
+            f"scoring: {times}/{self.total_times} initial times ({100 * times / max(self.total_times, 1):.0f}%), "
+            f"{rate:.3g} initial times/s, ETA {eta}"
+        )
 
 
 def _nonfinite_channels(fields: torch.Tensor) -> np.ndarray:
@@ -379,6 +442,33 @@ def _say_nonfinite(
             f"{what} holds NaN or infinite values at lead {leads} in {where}: {scored} there are NaN "
             "(null in scores.json; nonfinite lists them)"
         )
+
+
+def _say_no_climatology(store: TruthStore) -> None:
+    """Without ``--climatology`` there is no ACC; a data root with its climatology store is told how to get it
+    (the reference ``dlscale forecast`` scored against by default), as score looks for no store itself."""
+    if not isinstance(store.source, DataRootSource):
+        return
+    built = store.source.root / CLIMATOLOGY_STORE
+    if built.exists():
+        log.info("No ACC: no --climatology; --climatology %s gives the ACC dlscale forecast reports", built)
+
+
+def _say_channels(channels: tuple[str, ...], notes: Notes) -> None:
+    """After the table (which shows the headline channels only): how many channels were scored, every one in
+    scores.csv, and which were left out and why (said before scoring too, where progress lines may hide it)."""
+    scored = f"Scored {len(channels)} channel{'s' if len(channels) != 1 else ''} (every one in scores.csv)"
+    if not notes.channels_left_out:
+        log.info("%s; none left out", scored)
+        return
+    why: dict[str, list[str]] = {}
+    for channel, reason in notes.channels_left_out.items():
+        why.setdefault(reason, []).append(channel)
+    log.warning(
+        "%s; left out: %s",
+        scored,
+        "; ".join(f"{', '.join(names)} ({reason})" for reason, names in why.items()),
+    )
 
 
 def _say_nonfinite_members(

@@ -72,11 +72,15 @@ def named_forecasts(texts: Sequence[str]) -> list[NamedForecast]:
 
 
 def check_truth(truth: str) -> None:
-    """The truth store exists (a remote ``gs://`` or ``s3://`` one is checked when it is opened)."""
+    """The truth exists: a store, netCDF files or a dlscale data root (a remote ``gs://`` or ``s3://`` store is
+    checked when it is opened)."""
     if _local(truth):
         path = Path(truth).expanduser()
         if not path.exists():
-            raise DataError(f"--truth {truth}: no such zarr store, netCDF file or directory")
+            raise DataError(
+                f"--truth {truth}: no such zarr store, netCDF file or data root (a directory holding train/, "
+                "valid/ and test/ year files, as dlscale data synth-era5 and import-era5 write)"
+            )
 
 
 def check_climatology(climatology: str | None) -> None:

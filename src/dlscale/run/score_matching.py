@@ -21,13 +21,12 @@ import numpy as np
 from dlscale.data.era5.forecast_reading import ForecastFile
 from dlscale.data.era5.grid_matching import coordinate_positions, grid_text, same_points
 from dlscale.data.era5.importing.names import channel_request
-from dlscale.data.era5.importing.source import open_source
-from dlscale.data.era5.truth_reading import TruthStore
+from dlscale.data.era5.truth_reading import TruthStore, open_truth_source
 from dlscale.errors import DataError, DlscaleError
 from dlscale.report.forecast_selection import lead_text
 from dlscale.run.score_inputs import NamedForecast, TimeChoice
 
-log = logging.getLogger("dlscale.train")
+log = logging.getLogger("dlscale.score")
 
 MINUTE = np.timedelta64(1, "m")
 
@@ -38,6 +37,8 @@ class Notes:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        # channel -> why it is not scored (the truth lacks it, another forecast does), for the closing summary
+        self.channels_left_out: dict[str, str] = {}
 
     def info(self, line: str | None) -> None:
         if line:
@@ -97,6 +98,7 @@ def forecast_channels(
         )
     for forecast, file in zip(named, files, strict=True):
         others = [name for name in file.channel_names if name not in channels]
+        notes.channels_left_out.update((name, "not every forecast compared has it") for name in others)
         if others:
             notes.warn(
                 f"{forecast.path}: its channels {', '.join(others)} are left out: not every forecast compared "
@@ -127,7 +129,7 @@ def _check_truth_grid(truth: str, named: list[NamedForecast], files: list[Foreca
     """When the truth could not be opened on the forecast's grid: whether that grid is the reason (this opens
     the store's coordinates once more; nothing when it cannot)."""
     try:
-        source = open_source(truth)
+        source = open_truth_source(truth)
     except DlscaleError:
         return
     try:
@@ -186,6 +188,7 @@ def check_truth_channels(
             f"; left out: {', '.join([*reasons, *file.unnamed])}), less than half; score these on purpose with "
             f"--channels {','.join(store.channel_names)}, or give a truth that holds the others"
         )
+    notes.channels_left_out.update((name, "the truth lacks it") for name in reasons)
     if reasons:
         notes.warn(
             f"Left out, as the truth {truth} lacks them: "
@@ -250,10 +253,11 @@ def line_up(
     covered = np.all([np.isin(times + lead, store.times) for lead in leads], axis=0)
     if not covered.any():
         raise DataError(
-            f"no common valid time: {which} {len(times)} initial times ({times[0]} .. {times[-1]}) with leads "
-            f"up to {lead_text(float(leads[-1] / MINUTE) / 60)}, and {store.source.description} holds none of "
-            f"their valid times at every lead (it holds {len(store.times)} times, "
-            f"{store.times[0] if len(store.times) else '-'} .. {store.times[-1] if len(store.times) else '-'})"
+            f"no common valid time: {which} {len(times)} initial times ({_date_text(times[0])} .. "
+            f"{_date_text(times[-1])}) with leads up to {lead_text(float(leads[-1] / MINUTE) / 60)}, and "
+            f"{store.source.description} holds none of their valid times at every lead (it holds "
+            f"{store.holdings()}); give --truth a store or data root that holds the forecast's dates (a forecast of "
+            "a data root's test split is scored against that data root)"
         )
     kept = times[covered]
     unusable = _unusable_truth(kept, leads, store)
@@ -292,7 +296,12 @@ def _unusable_truth(kept: np.ndarray, leads: np.ndarray, store: TruthStore) -> d
     every lead and every score averages over the same initial times, as the document says."""
     valid = (kept[:, None] + leads[None, :]).ravel()
     initial = kept[np.isin(kept, store.times)]
-    found = store.unusable_times(np.concatenate([valid, initial]))
+    every = np.concatenate([valid, initial])
+    log.info(
+        "Checking the truth's %d valid times for missing chunks and NaN or infinite values (one read of each)",
+        len(np.unique(every)),
+    )
+    found = store.unusable_times(every)
     if not found:
         return {}
     bad = {np.datetime64(time, "ns"): why for time, why in found.items()}
@@ -369,10 +378,7 @@ def _say_left_out_times(
     if not_shared:
         reasons.append(f"{not_shared} not in every forecast compared")
     if uncovered:
-        span = (
-            f"{_date_text(store.times[0])} .. {_date_text(store.times[-1])}" if len(store.times) else "none"
-        )
-        reasons.append(f"{uncovered} whose valid times the truth (times {span}) lacks at some lead")
+        reasons.append(f"{uncovered} whose valid times the truth ({store.holdings()}) lacks at some lead")
     if unusable:
         reasons.append(
             f"{len(unusable)} whose truth has a missing chunk or NaN or infinite values: {_unusable_text(unusable)}"

@@ -1,5 +1,6 @@
 """Device readings for the monitor: NVIDIA GPUs through NVML, AMD GPUs through amdsmi, the host via psutil
-(the machine's CPU and memory, and the memory of this process with its children, e.g. DataLoader workers).
+(the machine's CPU and memory, this process's CPU time, and the memory of this process with its children, e.g.
+DataLoader workers).
 
 Everything vendor-specific stays in this module; the sampler, the report and the CLI only see the plain
 ``GpuReading``/``HostReading`` values. Both GPU libraries are imported lazily, and their absence (or a machine
@@ -53,6 +54,10 @@ class HostReading:
     process_memory_gb: float  # resident memory of this process and its children (DataLoader workers)
     memory_used_gb: float  # the whole machine's used memory: every process on it, not only this run
     memory_total_gb: float  # the whole machine's memory
+    # CPU seconds (user + system, all its threads) this process has run since it started, not its children's:
+    # differences over time give the cores it ran on, next to the threads it has (None: not read).
+    process_cpu_s: float | None = None
+    machine_cpus: int | None = None  # the logical CPUs that ``cpu_pct`` covers
 
 
 class GpuBackend(Protocol):
@@ -122,15 +127,31 @@ def _this_process_tree() -> ProcessTree:
 
 
 def read_host() -> HostReading:
-    """The machine's CPU and memory and this process's own memory (with its children) now; CPU% covers the
-    time since the previous call (the first call reads 0)."""
+    """The machine's CPU and memory, this process's own memory (with its children) and its CPU time now; CPU%
+    covers the time since the previous call (the first call reads 0)."""
     memory = psutil.virtual_memory()
+    tree = _this_process_tree()
+    try:
+        times = tree.process.cpu_times()
+        process_cpu_s: float | None = times.user + times.system
+    except (psutil.Error, OSError):  # a container that hides /proc/<pid>/stat: no CPU-sharing check
+        process_cpu_s = None
     return HostReading(
         cpu_pct=float(psutil.cpu_percent(interval=None)),
-        process_memory_gb=_this_process_tree().rss_bytes() / GIB,
+        process_memory_gb=tree.rss_bytes() / GIB,
         memory_used_gb=(memory.total - memory.available) / GIB,
         memory_total_gb=memory.total / GIB,
+        process_cpu_s=process_cpu_s,
+        machine_cpus=psutil.cpu_count(),
     )
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a batch job's share of a node), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS has no affinity call
+        return os.cpu_count() or 1
 
 
 def _optional(read: Callable[[], Any], scale: float = 1.0) -> float | None:

@@ -124,6 +124,21 @@ def _on_the_sphere(latitudes: np.ndarray, longitudes: np.ndarray) -> bool:
     return distinct and whole_circle(np.asarray(longitudes, dtype=np.float64))
 
 
+def noise_in_units(
+    scale: float, to_physical: Callable[[torch.Tensor], torch.Tensor], shape: Sequence[int]
+) -> np.ndarray:
+    """(C, H, W) float64: the standard deviation of ``gaussian:SCALE``'s noise at each point in the channels'
+    physical units. The noise (``scale`` standard deviations of the normalized state at every point) is added
+    to what the model reads; ``to_physical`` (the trajectories' de-normalization, affine per channel) maps a
+    step of ``scale`` there to its size in physical units: ``scale x std`` of each channel for a workload that
+    normalizes as ``(x - mean) / std``."""
+    zero = torch.zeros((1, *shape), dtype=torch.float64)
+    step = torch.full((1, *shape), float(scale), dtype=torch.float64)
+    # float64: z500's mean (5e5 m^2/s^2) would leave float32 a few units of a small scale's step.
+    difference = to_physical(step) - to_physical(zero)
+    return np.abs(difference[0].double().cpu().numpy())
+
+
 def has_dropout(model: nn.Module) -> bool:
     """Whether any dropout layer of ``model`` drops something (a rate above 0)."""
     return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fake_trainers import fake_trainer
 
 from dlscale.cli import main
 from dlscale.parallel.parallel_config import ParallelConfig
@@ -207,18 +208,6 @@ def test_tensorboard_tags(tmp_path):
     assert [e.value for e in events.Scalars("Host/process_memory_GB")] == [0.75, 0.75]
     with pytest.raises(ValueError, match="without a training step"):
         write_tensorboard(writer, sampled([[reading(100.0)]]))
-
-
-def fake_trainer(run_dir: Path, gpu: bool):
-    setup = SimpleNamespace(
-        run_dir=run_dir,
-        process=SimpleNamespace(rank=0, world_size=1, local_rank=0),
-        device=SimpleNamespace(is_gpu=gpu, torch=SimpleNamespace(index=0) if gpu else "cpu"),
-        plan=SimpleNamespace(steps_per_epoch=25, steps_in_epoch=lambda epoch: 25),
-        global_batch_size=4,
-    )
-    progress = SimpleNamespace(samples_seen=0, global_step=0, epoch=0, step_in_epoch=0)
-    return SimpleNamespace(setup=setup, progress=progress, last_fetch_seconds=0.002)
 
 
 class PhasedBackend(FakeGpuBackend):

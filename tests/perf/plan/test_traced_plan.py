@@ -231,12 +231,12 @@ def test_ddp_without_bucket_views_keeps_a_second_copy_of_the_gradients():
 
 
 def test_fsdp_refuses_the_channels_last_unet_as_fully_shard_does():
-    workload, cfg, sample = tiny_workload("unet_cosmo")
+    workload, cfg, sample = tiny_workload("unet_cosmo", "model.channels_last=true")
     traced = trace_workload(workload, cfg, sample, 2, "none")
     (problem,) = layout_problems(traced, DataParallelLayout("fsdp", 2))
     assert "FSDP2 shards only contiguous parameters" in problem and "down.0.0.weight" in problem
     assert layout_problems(traced, DataParallelLayout("ddp", 2)) == []
-    contiguous = trace_workload(*tiny_workload("unet_cosmo", "model.channels_last=false")[:3], 2, "none")
+    contiguous = trace_workload(*tiny_workload("unet_cosmo")[:3], 2, "none")  # the default: NCDHW
     assert layout_problems(contiguous, DataParallelLayout("fsdp", 2)) == []
 
 

@@ -252,6 +252,17 @@ class ForecastFile:
     def channel_names(self) -> tuple[str, ...]:
         return tuple(channel.name for channel in self.channels)
 
+    @property
+    def time_chunk(self) -> int:
+        """The initial times one chunk of the first channel's variable holds (1 where the file says none: a
+        netCDF variable stored whole, a store without chunks): a reader that reads as many together, from a
+        chunk's first, decodes each chunk once per read of its leads."""
+        encoding = self._dataset[self.channels[0].variable].encoding
+        preferred = (encoding.get("preferred_chunks") or {}).get(TIME)
+        if preferred is None and encoding.get("chunksizes"):  # netCDF's chunks, in the variable's dims' order
+            preferred = encoding["chunksizes"][self._dataset[self.channels[0].variable].dims.index(TIME)]
+        return max(1, int(preferred or 1))
+
     def read(
         self,
         time_indices: Sequence[int],
@@ -264,37 +275,71 @@ class ForecastFile:
         """(N, C, H, W) of ``dtype`` (default :attr:`dtype`): ``channels`` at the initial times ``time_indices``
         and the lead ``lead_index``, on the file's rows ``rows`` and columns ``columns`` (the scoring grid's, in its
         order); an ensemble's (N, M, C, H, W), every member, in increasing ``number``."""
+        return self.read_leads(time_indices, [lead_index], channels, rows, columns, dtype)[:, 0]
+
+    def read_leads(
+        self,
+        time_indices: Sequence[int],
+        lead_indices: Sequence[int],
+        channels: Sequence[str],
+        rows: np.ndarray,
+        columns: np.ndarray,
+        dtype: np.dtype | None = None,
+    ) -> np.ndarray:
+        """(N, L, C, H, W), as :meth:`read` at each of the leads ``lead_indices``; an ensemble's (N, L, M, C, H,
+        W). Each variable is read once, its levels together: a zarr chunk holds several initial times, leads and
+        levels (xarray's default chunks split each axis in a few), so a read per channel and lead would decode
+        each chunk once per channel and lead (up to 120 times per chunk of dlscale's demo forecast)."""
         by_name = {channel.name: channel for channel in self.channels}
         members = () if self.members is None else (len(self.members),)
-        shape = (len(time_indices), *members, len(channels), len(rows), len(columns))
+        shape = (len(time_indices), len(lead_indices), *members, len(channels), len(rows), len(columns))
         out = np.empty(shape, self.dtype if dtype is None else dtype)
-        selection: dict[str, Any] = {TIME: np.asarray(time_indices), LEAD: lead_index}
-        order = (TIME, LATITUDE, LONGITUDE)
+        selection: dict[str, Any] = {TIME: np.asarray(time_indices), LEAD: np.asarray(lead_indices)}
+        order: tuple[str, ...] = (TIME, LEAD)
         if self.members is not None:
             selection[MEMBER] = self._member_order
-            order = (TIME, MEMBER, LATITUDE, LONGITUDE)
+            order = (TIME, LEAD, MEMBER)
+        by_variable: dict[str, list[int]] = {}  # variable -> the positions of its channels among `channels`
         for c, name in enumerate(channels):
-            channel = by_name[name]
-            array = self._dataset[channel.variable]
-            chosen = dict(selection, **({LEVEL: channel.level_at} if channel.level_at is not None else {}))
+            by_variable.setdefault(by_name[name].variable, []).append(c)
+        for variable, positions in by_variable.items():
+            array = self._dataset[variable]
+            levels = [by_name[channels[c]].level_at for c in positions]
+            chosen, dims = dict(selection), (*order, LATITUDE, LONGITUDE)
+            read_levels: list[int] = []
+            if levels[0] is not None:
+                read_levels = sorted({int(level) for level in levels if level is not None})
+                chosen[LEVEL], dims = np.asarray(read_levels), (*order, LEVEL, LATITUDE, LONGITUDE)
             # Each chunk file this read needs, checked first (a link loop, a directory, a pipe: one line)
-            checked = self._chunks.check(
-                channel.variable, array.dims, chosen, what := self._what(channel, chosen)
-            )
-            values = read_values(array.isel(chosen).transpose(*order), str(self.path), what + checked.text())
-            out[..., c, :, :] = values[..., rows, :][..., columns]
+            checked = self._chunks.check(variable, array.dims, chosen, what := self._what(variable, chosen))
+            values = read_values(array.isel(chosen).transpose(*dims), str(self.path), what + checked.text())
+            values = _on_grid(values, rows, columns)
+            for c, level in zip(positions, levels, strict=True):
+                out[..., c, :, :] = values if level is None else values[..., read_levels.index(level), :, :]
         return out
 
-    def _what(self, channel: ForecastChannel, chosen: dict[str, Any]) -> str:
-        """The read of ``channel`` at ``chosen`` in a message: 'variable 't2m' at lead 6 h, initial times
-        2018-01-01T00:00 .. 2018-01-02T00:00'."""
-        hours = float(self.leads[int(chosen[LEAD])] / np.timedelta64(1, "h"))
+    def _what(self, variable: str, chosen: dict[str, Any]) -> str:
+        """The read of ``variable`` at ``chosen`` in a message: 'variable 't2m' at lead 6 h, initial times
+        2018-01-01T00:00 .. 2018-01-02T00:00' (leads 6 h .. 24 h where it reads several)."""
+        leads = self.leads[np.atleast_1d(chosen[LEAD])] / np.timedelta64(1, "h")
+        hours = " .. ".join(dict.fromkeys(f"{float(h):g} h" for h in (leads.min(), leads.max())))
         times = self.times[np.atleast_1d(chosen[TIME])]
-        span = " .. ".join(dict.fromkeys(str(t.astype("datetime64[m]")) for t in (times[0], times[-1])))
-        return f"variable {channel.variable!r} at lead {hours:g} h, initial times {span}"
+        span = " .. ".join(dict.fromkeys(str(t.astype("datetime64[m]")) for t in (times.min(), times.max())))
+        return f"variable {variable!r} at lead{'s' if len(leads) > 1 else ''} {hours}, initial times {span}"
 
     def close(self) -> None:
         self._dataset.close()
+
+
+def _on_grid(values: np.ndarray, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """``values`` (..., H, W) at ``rows`` and ``columns``; as they are (no copy) where those are every row and
+    column in order, as in a forecast on its truth's grid in the truth's order."""
+    height, width = values.shape[-2:]
+    if not np.array_equal(rows, np.arange(height)):
+        values = values[..., rows, :]
+    if not np.array_equal(columns, np.arange(width)):
+        values = values[..., columns]
+    return values
 
 
 def _check_coordinate(path: Path, name: str, values: np.ndarray, invalid: np.ndarray) -> None:

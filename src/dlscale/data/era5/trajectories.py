@@ -12,7 +12,8 @@ file named after its year (``2018.h5``, the tutorial's) starts on 1 January at 0
 ``year-01-01 + t * hours_per_step``; other files give no dates (initial times are then chosen by position).
 Two climatologies: ``climatology_store`` is ``data.climatology_path`` (``stats/climatology.zarr``, WeatherBench2's
 climatology by day of year and hour of day, which ``dlscale data climatology`` and ``import-era5`` write) when it
-exists, else None; ``dlscale forecast`` scores against it by default. ``climatology()`` is
+exists, else None (then ``climatology_command`` is the command that builds it, for the forecast's log);
+``dlscale forecast`` scores against it by default. ``climatology()`` is
 ``data.time_means_path`` (the tutorial's ``stats/time_means.npy``, (1, C, H_file, W_file)): one mean over the
 training years, the fallback, against which the anomaly correlation still holds the seasonal and daily cycles.
 """
@@ -77,6 +78,15 @@ class ERA5Trajectories:
         self.weatherbench2_names = tuple(weatherbench2_name(name) for name in self.channel_names)
         store = self.cfg.path("climatology_path")
         self.climatology_store: Path | None = store if store.exists() else None
+        # What builds the store where it is missing (the forecast's log names it): data climatology writes
+        # ROOT/stats/climatology.zarr, which is data.climatology_path unless the config moved it.
+        root = self.cfg.path("root")
+        self.climatology_command: str | None = None
+        if self.climatology_store is None:
+            built = root / "stats" / "climatology.zarr"
+            self.climatology_command = f"`dlscale data climatology --root {root}`"
+            if store != built:  # data.climatology_path names another place: the forecast must be told
+                self.climatology_command += f" (it writes {built}: add --climatology {built})"
         hours_per_step = file_hours_per_step(self.files[0])
         self.step_hours = hours_per_step * self.cfg.dt
         self.hours_per_state = hours_per_step

@@ -1,6 +1,9 @@
 """The truth a forecast file is scored against, for ``dlscale score``: an ERA5 store that ``dlscale data
-import-era5`` reads (a WeatherBench2 or ARCO-ERA5 zarr store, CDS netCDF files; :mod:`.importing.source`), read
-on the forecast's grid at its valid times.
+import-era5`` reads (a WeatherBench2 or ARCO-ERA5 zarr store, CDS netCDF files; :mod:`.importing.source`) or a
+dlscale data root (the year files ``dlscale data synth-era5`` and ``import-era5`` write;
+:mod:`.data_root_truth`), read on the forecast's grid at its valid times. Both offer the same methods (their
+variables and levels, grid, times, reads of a variable's levels at some times; :func:`open_truth_source` opens
+either), so everything below reads them alike.
 
 The channels are found as import-era5 finds them (:func:`.importing.names.resolve_channels`: long names first,
 then the short ones); one the store lacks is left out (:attr:`TruthStore.lacking` says why). The forecast's
@@ -12,9 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from dlscale.data.era5.data_root_truth import DataRootSource, is_data_root
 from dlscale.data.era5.grid_matching import TOLERANCE_DEGREES, coordinate_positions
 from dlscale.data.era5.importing.names import ChannelSource, resolve_channels
 from dlscale.data.era5.importing.source import ERA5Source, open_source
@@ -22,12 +27,22 @@ from dlscale.errors import DataError
 
 SCAN_BYTES = 64 << 20  # the most one read of unusable_times holds: one variable, its levels, some times
 
+TruthSource = ERA5Source | DataRootSource
+
+
+def open_truth_source(where: str) -> TruthSource:
+    """A dlscale data root (or one of its split directories) as :class:`DataRootSource`, anything else as the
+    ERA5 store ``import-era5`` would read (:func:`~dlscale.data.era5.importing.source.open_source`)."""
+    if "://" not in where and is_data_root(Path(where).expanduser()):
+        return DataRootSource(Path(where).expanduser())
+    return open_source(where)
+
 
 @dataclass
 class TruthStore:
     """An opened store, the channels it holds of those asked for, and where the scoring grid lies in it."""
 
-    source: ERA5Source
+    source: TruthSource
     channels: list[ChannelSource]
     lacking: dict[str, str]  # channel -> why the store cannot give it
     rows: np.ndarray  # the store's row of each of the scoring grid's latitudes
@@ -39,9 +54,12 @@ class TruthStore:
         cls, where: str, channel_names: Sequence[str], latitudes: np.ndarray, longitudes: np.ndarray
     ) -> TruthStore:
         """The store ``where`` with those of ``channel_names`` it holds, read on the grid ``latitudes`` x
-        ``longitudes``; DataError when it holds none of them or lacks a point of the grid."""
-        source = open_source(where)
+        ``longitudes``; DataError when it holds none of them or lacks a point of the grid. A data root whose
+        files' grid the forecast's is the top-left crop of is read on that crop (:meth:`DataRootSource.crop_to`)."""
+        source = open_truth_source(where)
         try:
+            if isinstance(source, DataRootSource):
+                source.crop_to(latitudes, longitudes)
             variables = source.levels_of_variables()
             channels: list[ChannelSource] = []
             lacking: dict[str, str] = {}
@@ -70,16 +88,29 @@ class TruthStore:
     def channel_names(self) -> tuple[str, ...]:
         return tuple(channel.name for channel in self.channels)
 
+    def holdings(self) -> str:
+        """The times the truth holds, for a message: how many and their span (a data root's split by split)."""
+        if isinstance(self.source, DataRootSource):
+            return self.source.holdings()
+        if not len(self.times):
+            return "no time"
+        return f"{len(self.times)} times, {_date(self.times[0])} .. {_date(self.times[-1])}"
+
     def read(self, times: np.ndarray) -> np.ndarray:
         """float32 (N, C, H, W): the store's channels at ``times`` (each one of :attr:`times`) on the scoring
         grid; the levels of a variable are read together. A chunk that cannot be read (truncated, garbage, a
         link loop, a directory in its place) is a DataError naming the store, the variable and the time."""
         height, width = len(self.source.latitude), len(self.source.longitude)
-        full = np.empty((len(self.channels), len(times), height, width), np.float32)
+        full = np.empty((len(times), len(self.channels), height, width), np.float32)
         for variable, indices in self._channels_by_variable().items():
             levels = [self.channels[c].level_hpa for c in indices]
-            self.source.read_levels(variable, levels, times, [full[c] for c in indices])
-        return np.ascontiguousarray(full[:, :, self.rows][:, :, :, self.columns].transpose(1, 0, 2, 3))
+            self.source.read_levels(variable, levels, times, [full[:, c] for c in indices])
+        # the scoring grid's order; no copy where it is the store's (a forecast of dlscale's on its data root)
+        if not np.array_equal(self.rows, np.arange(height)):
+            full = full[:, :, self.rows]
+        if not np.array_equal(self.columns, np.arange(width)):
+            full = full[:, :, :, self.columns]
+        return np.ascontiguousarray(full)
 
     def unusable_times(self, valid_times: np.ndarray) -> dict[np.datetime64, str]:
         """The times among ``valid_times`` (datetime64, repeats allowed) whose truth cannot be scored, each with
@@ -150,3 +181,7 @@ def _positions(where: str, have: np.ndarray, wanted: np.ndarray, name: str, wrap
             "lacks; score it against a store on its grid"
         )
     return positions
+
+
+def _date(value: np.datetime64) -> str:
+    return str(np.datetime64(value, "m"))

@@ -25,7 +25,7 @@ from dlscale.perf.monitor.config import MonitorConfig
 from dlscale.perf.monitor.sampler import NO_GPU_MESSAGE, MetricsSampler, Sample, build_report, summarize
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.distributed import is_distributed
-from dlscale.runtime.gpu_metrics import GpuReading, open_gpu_backend
+from dlscale.runtime.gpu_metrics import GpuReading, open_gpu_backend, read_host, usable_cpus
 from dlscale.runtime.strict_json import to_json
 from dlscale.training.observer import EpochReport, Observer
 
@@ -189,12 +189,14 @@ class MonitorObserver(Observer):
         tensorboard: bool = False,
         interval_s: float | None = None,
         backend_opener=open_gpu_backend,
+        host_reader=read_host,
     ):
         """``cfg``: the ``monitor:`` section; ``all_local_gpus``: this process drives every local GPU
-        (``parallel.data_parallel: dataparallel``); ``tensorboard``: also write rank 0's samples there."""
+        (``parallel.data_parallel: dataparallel``); ``tensorboard``: also write rank 0's samples there;
+        ``backend_opener`` and ``host_reader``: the device reads (the tests script them)."""
         self.cfg = cfg or MonitorConfig()
         self.all_local_gpus, self.tensorboard = all_local_gpus, tensorboard
-        self.interval_s, self.backend_opener = interval_s, backend_opener
+        self.interval_s, self.backend_opener, self.host_reader = interval_s, backend_opener, host_reader
         self.sampler: MetricsSampler | None = None
         self.csv: MetricsCsv | None = None
         self.writer = None
@@ -234,7 +236,9 @@ class MonitorObserver(Observer):
         self.start_samples_seen = trainer.progress.samples_seen
         self.step = trainer.progress.global_step
         # The sampler's thread reads self.step, which the hooks below move on as training goes.
-        self.sampler = MetricsSampler(backend, interval, current_step=lambda: self.step).start()
+        self.sampler = MetricsSampler(
+            backend, interval, read_host_metrics=self.host_reader, current_step=lambda: self.step
+        ).start()
 
     def _open_writer(self, trainer) -> None:
         from dlscale.report.tensorboard import TensorBoardLogger  # only rank 0 pays for the import
@@ -319,12 +323,18 @@ class MonitorObserver(Observer):
             energy = sum(value for value in ranks.spreads["energy_j"].per_rank if not math.isnan(value))
             samples = trainer.progress.samples_seen - self.start_samples_seen
             samples_per_epoch = setup.plan.steps_per_epoch * setup.global_batch_size
-            self.report = build_report(summary, samples, samples_per_epoch, energy_j=energy, steady=steady)
+            # A CPU run's speed is its threads' share of the cores: judged against what other processes took.
+            threads = None if setup.device.is_gpu else (torch.get_num_threads(), usable_cpus())
+            self.report = build_report(
+                summary, samples, samples_per_epoch, energy_j=energy, steady=steady, cpu_threads=threads
+            )
             lines = self.report.lines()
             if setup.process.world_size > 1:
                 lines.extend(ranks.spread_lines())
                 lines.append(ranks.straggler_line("input wait s/step"))
             log.info("Efficiency report (%s):\n  %s", outcome, "\n  ".join(lines))
+            if self.report.cpu_sharing:
+                log.warning("%s", self.report.cpu_sharing)
             document = {**self.report.to_json(), "ranks": {k: vars(v) for k, v in ranks.spreads.items()}}
             document["slowest_rank"] = ranks.slowest_rank
             path = Path(setup.run_dir) / "monitor" / "efficiency.json"

@@ -1,6 +1,8 @@
 """WeatherBench2's smoothing of a climatology over days of the year (``compute_rolling_stat`` in
 ``weatherbench2/utils.py``): a centred window of ``size`` days (61 by default) with triangular weights, around
-the year's 366 days as a circle, the weighted mean taken over the window's days and the years at once.
+the year's 366 days as a circle, the weighted mean taken over the window's days and the years at once. This is
+WeatherBench2's number on whole years with a leap year among them; on partial years WeatherBench2's code differs
+and dlscale keeps its own circle (below, and docs/after-training.md, "The climatology").
 
 For one hour of day, with ``x[y, d]`` the state of year ``y`` on day of year ``d`` (missing: NaN), WeatherBench2
 stacks the years on a 366-day axis, fills a year's missing day 366 with its day 365, pads the axis by half the
@@ -9,7 +11,11 @@ window on each side with wrap-around (so day 1's window reaches back to days 337
     clim[d] = sum_{k, y} w_k x[y, d + k] / sum_{k, y: x[y, d + k] present} w_k,   k = -half .. half
 
 (xarray's weighted mean, which skips missing values), then cuts the padding off. A day whose window holds no
-value at all stays NaN.
+value at all stays NaN. That is what WeatherBench2 does when every year has every day (up to day 365). Its code
+stacks only the days of year the data holds and fills every missing day of a year from that year's day 365: on
+partial years its window wraps between the first and last days present, and years that all end before day 365
+stop it with a KeyError. dlscale keeps all 366 days as the circle and fills only day 366, so a partial year's
+missing days stay missing (NaN where the window holds no state).
 
 The same number comes from two sums over years, ``S[d] = sum_y x[y, d]`` and ``N[d]`` = the count of years with
 a value: ``clim[d] = sum_k w_k S[d + k] / sum_k w_k N[d + k]``, which is how dlscale streams it (years are
