@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dlscale.data.era5.climatology.store_layout import climatology_path
 from dlscale.data.era5.data_root_truth import DataRootSource
 from dlscale.data.era5.forecast_reading import MEMBER, ForecastFile
 from dlscale.data.era5.importing.names import weatherbench2_name
@@ -106,7 +107,6 @@ BATCH_INITIAL_TIMES = 4  # initial times read and scored together (an ensemble's
 # member's. The truth's fields of a block take no more than one forecast's.
 BLOCK_BYTES = 256 << 20
 MINUTE = np.timedelta64(1, "m")
-CLIMATOLOGY_STORE = "stats/climatology.zarr"  # where dlscale data climatology writes a data root's store
 # The progress display: a bar on a terminal, a line this often in a batch log (as log.progress's auto).
 PROGRESS_MODE = "auto"
 PROGRESS_INTERVAL_S = 30.0
@@ -449,7 +449,7 @@ def _say_no_climatology(store: TruthStore) -> None:
     (the reference ``dlscale forecast`` scored against by default), as score looks for no store itself."""
     if not isinstance(store.source, DataRootSource):
         return
-    built = store.source.root / CLIMATOLOGY_STORE
+    built = climatology_path(store.source.root)
     if built.exists():
         log.info("No ACC: no --climatology; --climatology %s gives the ACC dlscale forecast reports", built)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dlscale.data.era5.file_dates import minute_text
 from dlscale.data.era5.forecast_reading import ForecastFile
 from dlscale.data.era5.grid_matching import coordinate_positions, grid_text, same_points
 from dlscale.data.era5.importing.names import channel_request
@@ -232,7 +233,7 @@ def line_up(
             if not len(times):
                 raise DataError(
                     f"--times {chosen.text}: {forecast.path} has no initial time in it (its {len(file.times)} run "
-                    f"from {_date_text(file.times.min())} to {_date_text(file.times.max())})"
+                    f"from {minute_text(file.times.min())} to {minute_text(file.times.max())})"
                 )
         candidates.append(times)
     times = candidates[0]
@@ -253,8 +254,8 @@ def line_up(
     covered = np.all([np.isin(times + lead, store.times) for lead in leads], axis=0)
     if not covered.any():
         raise DataError(
-            f"no common valid time: {which} {len(times)} initial times ({_date_text(times[0])} .. "
-            f"{_date_text(times[-1])}) with leads up to {lead_text(float(leads[-1] / MINUTE) / 60)}, and "
+            f"no common valid time: {which} {len(times)} initial times ({minute_text(times[0])} .. "
+            f"{minute_text(times[-1])}) with leads up to {lead_text(float(leads[-1] / MINUTE) / 60)}, and "
             f"{store.source.description} holds none of their valid times at every lead (it holds "
             f"{store.holdings()}); give --truth a store or data root that holds the forecast's dates (a forecast of "
             "a data root's test split is scored against that data root)"
@@ -311,7 +312,7 @@ def _unusable_truth(kept: np.ndarray, leads: np.ndarray, store: TruthStore) -> d
             why = bad.get(time + lead)
             if why is not None:
                 at = "its initial state" if lead == np.timedelta64(0, "ns") else f"lead {_lead_hours(lead)}"
-                unusable[time] = f"{_date_text(time)} (at {at}, {_date_text(time + lead)}: {why})"
+                unusable[time] = f"{minute_text(time)} (at {at}, {minute_text(time + lead)}: {why})"
                 break
     return unusable
 
@@ -331,10 +332,6 @@ def _positions_of(axis: np.ndarray, values: np.ndarray) -> np.ndarray:
     """The position in ``axis`` (unique values, in any order) of each of ``values`` (each one of them)."""
     order = np.argsort(axis, kind="stable")
     return order[np.searchsorted(axis[order], values)]
-
-
-def _date_text(value: np.datetime64) -> str:
-    return str(value.astype("datetime64[m]"))
 
 
 def _say_left_out_leads(
@@ -389,12 +386,12 @@ def _say_left_out_times(
         raise DataError(
             f"{forecast.path}: only {len(kept)} of its {len(file.times)} initial times can be scored (left out: "
             f"{'; '.join(reasons)}), less than half; score those on purpose with --times "
-            f"{_date_text(kept[0]).replace(':00', '')}..{_date_text(kept[-1]).replace(':00', '')}, or give a truth "
+            f"{minute_text(kept[0]).replace(':00', '')}..{minute_text(kept[-1]).replace(':00', '')}, or give a truth "
             "that holds the others' valid times"
         )
     notes.warn(
         f"{forecast.path}: {len(kept)} of its {len(file.times)} initial times scored "
-        f"({_date_text(kept[0])} .. {_date_text(kept[-1])}); left out: {'; '.join(reasons)}"
+        f"({minute_text(kept[0])} .. {minute_text(kept[-1])}); left out: {'; '.join(reasons)}"
     )
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from dlscale.data.era5.coordinates import read_coordinates
 from dlscale.data.era5.damaged_reads import is_read_failure
-from dlscale.data.era5.file_dates import file_dates, hours_per_step
+from dlscale.data.era5.file_dates import file_dates, hours_per_step, minute_text
 from dlscale.data.era5.grid_matching import grid_text, same_points
 from dlscale.data.era5.importing.names import weatherbench2_name
 from dlscale.data.era5.layout import ERA5_CHANNELS, FIELDS_KEY
@@ -149,7 +149,7 @@ class DataRootSource:
                 for file, i in zip(files, (at, at + 1), strict=True)
             ]
             raise DataError(
-                f"{self.root}: {' and '.join(where)} both hold {_date(self.times[at])}; the truth at a date must "
+                f"{self.root}: {' and '.join(where)} both hold {minute_text(self.times[at])}; the truth at a date must "
                 "come from one file: remove the copy (the splits of a data root cover different dates)"
             )
 
@@ -159,7 +159,7 @@ class DataRootSource:
         parts = []
         for split in dict.fromkeys(file.split for file in self.files):
             dates = np.concatenate([file.dates for file in self.files if file.split == split])
-            parts.append(f"{split}/ {_date(dates.min())} .. {_date(dates.max())}")
+            parts.append(f"{split}/ {minute_text(dates.min())} .. {minute_text(dates.max())}")
         missing = [split for split in SPLITS if not (self.root / split).is_dir()]
         lacks = (
             f"; it has no {', '.join(f'{s}/' for s in missing)}"
@@ -209,7 +209,7 @@ class DataRootSource:
         found = positions < len(self.times)
         found[found] = self.times[positions[found]] == times[found]
         if not found.all():
-            raise DataError(f"{self.root}: holds no state at {_date(times[np.argmin(found)])}")
+            raise DataError(f"{self.root}: holds no state at {minute_text(times[np.argmin(found)])}")
         height, width = len(self.latitude), len(self.longitude)
         low, high = min(channels), max(channels) + 1
         for f in np.unique(self._file_of[positions]):
@@ -223,8 +223,8 @@ class DataRootSource:
                 if not is_read_failure(exc):
                     raise
                 raise DataError(
-                    f"{file.path}: '{FIELDS_KEY}' cannot be read at {_date(file.dates[wanted[0]])} .. "
-                    f"{_date(file.dates[wanted[-1]])} (channels of {variable_name!r}): {exception_line(exc)}; the "
+                    f"{file.path}: '{FIELDS_KEY}' cannot be read at {minute_text(file.dates[wanted[0]])} .. "
+                    f"{minute_text(file.dates[wanted[-1]])} (channels of {variable_name!r}): {exception_line(exc)}; the "
                     "file is damaged: write it again (dlscale data synth-era5 or import-era5)"
                 ) from exc
             for out, channel in zip(outs, channels, strict=True):
@@ -349,7 +349,3 @@ def _variables(channel_names: tuple[str, ...], root: Path) -> dict[str, RootVari
         known.channel_at[level] = index
         known.levels = sorted([*(known.levels or []), level])  # type: ignore[list-item]
     return variables
-
-
-def _date(value: np.datetime64) -> str:
-    return str(np.datetime64(value, "m"))

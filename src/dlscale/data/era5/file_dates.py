@@ -18,6 +18,11 @@ DEFAULT_HOURS_PER_STEP = 6.0
 HOURS_ATTRIBUTE = "hours_per_step"
 
 
+def minute_text(value: np.datetime64) -> str:
+    """A date to the minute, for messages: ``2018-01-01T06:00``."""
+    return str(np.datetime64(value, "m"))
+
+
 def year_of_name(stem: str) -> int | None:
     """The year a file is named after (``2018``), else None."""
     return int(stem) if stem.isdigit() and 1 <= int(stem) <= 9999 else None

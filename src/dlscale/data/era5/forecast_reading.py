@@ -39,6 +39,8 @@ import numpy as np
 
 from dlscale.data.era5.chunk_files import StoreChunks
 from dlscale.data.era5.damaged_reads import read_values
+from dlscale.data.era5.file_dates import minute_text
+from dlscale.data.era5.grid_matching import on_grid
 from dlscale.data.era5.importing.names import channel_of_field, levels_in_hpa
 from dlscale.data.era5.importing.source import is_zarr_store
 from dlscale.data.era5.optional_modules import require_era5_module
@@ -313,7 +315,7 @@ class ForecastFile:
             # Each chunk file this read needs, checked first (a link loop, a directory, a pipe: one line)
             checked = self._chunks.check(variable, array.dims, chosen, what := self._what(variable, chosen))
             values = read_values(array.isel(chosen).transpose(*dims), str(self.path), what + checked.text())
-            values = _on_grid(values, rows, columns)
+            values = on_grid(values, rows, columns)
             for c, level in zip(positions, levels, strict=True):
                 out[..., c, :, :] = values if level is None else values[..., read_levels.index(level), :, :]
         return out
@@ -324,22 +326,11 @@ class ForecastFile:
         leads = self.leads[np.atleast_1d(chosen[LEAD])] / np.timedelta64(1, "h")
         hours = " .. ".join(dict.fromkeys(f"{float(h):g} h" for h in (leads.min(), leads.max())))
         times = self.times[np.atleast_1d(chosen[TIME])]
-        span = " .. ".join(dict.fromkeys(str(t.astype("datetime64[m]")) for t in (times.min(), times.max())))
+        span = " .. ".join(dict.fromkeys(minute_text(t) for t in (times.min(), times.max())))
         return f"variable {variable!r} at lead{'s' if len(leads) > 1 else ''} {hours}, initial times {span}"
 
     def close(self) -> None:
         self._dataset.close()
-
-
-def _on_grid(values: np.ndarray, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
-    """``values`` (..., H, W) at ``rows`` and ``columns``; as they are (no copy) where those are every row and
-    column in order, as in a forecast on its truth's grid in the truth's order."""
-    height, width = values.shape[-2:]
-    if not np.array_equal(rows, np.arange(height)):
-        values = values[..., rows, :]
-    if not np.array_equal(columns, np.arange(width)):
-        values = values[..., columns]
-    return values
 
 
 def _check_coordinate(path: Path, name: str, values: np.ndarray, invalid: np.ndarray) -> None:

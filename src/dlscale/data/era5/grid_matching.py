@@ -45,3 +45,15 @@ def grid_text(latitudes: np.ndarray, longitudes: np.ndarray) -> str:
     return (
         f"{len(latitudes)} latitudes x {len(longitudes)} longitudes ({span(latitudes)}, {span(longitudes)})"
     )
+
+
+def on_grid(values: np.ndarray, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """``values`` (..., H, W) at ``rows`` and ``columns`` (positions from :func:`coordinate_positions`); as they
+    are, without a copy, where those are every row and column in order (a forecast on its truth's grid in the
+    truth's order, the common case)."""
+    height, width = values.shape[-2:]
+    if not np.array_equal(rows, np.arange(height)):
+        values = values[..., rows, :]
+    if not np.array_equal(columns, np.arange(width)):
+        values = values[..., columns]
+    return values

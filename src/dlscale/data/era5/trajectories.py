@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dlscale.data.era5.climatology.store_layout import climatology_path
 from dlscale.data.era5.config import ERA5DataConfig
 from dlscale.data.era5.dataset import ERA5Dataset
 from dlscale.data.era5.file_dates import file_dates
@@ -83,7 +84,7 @@ class ERA5Trajectories:
         root = self.cfg.path("root")
         self.climatology_command: str | None = None
         if self.climatology_store is None:
-            built = root / "stats" / "climatology.zarr"
+            built = climatology_path(root)
             self.climatology_command = f"`dlscale data climatology --root {root}`"
             if store != built:  # data.climatology_path names another place: the forecast must be told
                 self.climatology_command += f" (it writes {built}: add --climatology {built})"

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from dlscale.data.era5.data_root_truth import DataRootSource, is_data_root
-from dlscale.data.era5.grid_matching import TOLERANCE_DEGREES, coordinate_positions
+from dlscale.data.era5.file_dates import minute_text
+from dlscale.data.era5.grid_matching import TOLERANCE_DEGREES, coordinate_positions, on_grid
 from dlscale.data.era5.importing.names import ChannelSource, resolve_channels
 from dlscale.data.era5.importing.source import ERA5Source, open_source
 from dlscale.errors import DataError
@@ -94,7 +95,7 @@ class TruthStore:
             return self.source.holdings()
         if not len(self.times):
             return "no time"
-        return f"{len(self.times)} times, {_date(self.times[0])} .. {_date(self.times[-1])}"
+        return f"{len(self.times)} times, {minute_text(self.times[0])} .. {minute_text(self.times[-1])}"
 
     def read(self, times: np.ndarray) -> np.ndarray:
         """float32 (N, C, H, W): the store's channels at ``times`` (each one of :attr:`times`) on the scoring
@@ -105,12 +106,7 @@ class TruthStore:
         for variable, indices in self._channels_by_variable().items():
             levels = [self.channels[c].level_hpa for c in indices]
             self.source.read_levels(variable, levels, times, [full[:, c] for c in indices])
-        # the scoring grid's order; no copy where it is the store's (a forecast of dlscale's on its data root)
-        if not np.array_equal(self.rows, np.arange(height)):
-            full = full[:, :, self.rows]
-        if not np.array_equal(self.columns, np.arange(width)):
-            full = full[:, :, :, self.columns]
-        return np.ascontiguousarray(full)
+        return np.ascontiguousarray(on_grid(full, self.rows, self.columns))  # in the scoring grid's order
 
     def unusable_times(self, valid_times: np.ndarray) -> dict[np.datetime64, str]:
         """The times among ``valid_times`` (datetime64, repeats allowed) whose truth cannot be scored, each with
@@ -181,7 +177,3 @@ def _positions(where: str, have: np.ndarray, wanted: np.ndarray, name: str, wrap
             "lacks; score it against a store on its grid"
         )
     return positions
-
-
-def _date(value: np.datetime64) -> str:
-    return str(np.datetime64(value, "m"))

@@ -27,8 +27,8 @@ from dlscale.data.era5.climatology.computing import (
 from dlscale.data.era5.climatology.coverage import lacking_days_line
 from dlscale.data.era5.climatology.sources import ClimatologySources, find_sources
 from dlscale.data.era5.climatology.store_layout import (
-    CLIMATOLOGY_STORE,
     ClimatologyWriter,
+    climatology_path,
     require_zarr,
     stored_generator,
     stored_years,
@@ -85,11 +85,6 @@ class ClimatologyResult:
             "hours": self.hours,
             "days_without_data": len(self.days_without_data),
         }
-
-
-def climatology_path(root: Path) -> Path:
-    """``<root>/stats/climatology.zarr``, the store ``data.climatology_path`` names by default."""
-    return root / "stats" / CLIMATOLOGY_STORE
 
 
 def build_climatology(

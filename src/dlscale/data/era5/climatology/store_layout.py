@@ -38,6 +38,12 @@ CHUNK_BYTES = 1 << 20
 HOUR, DAY, LEVEL, LATITUDE, LONGITUDE = "hour", "dayofyear", "level", "latitude", "longitude"
 
 
+def climatology_path(root: Path) -> Path:
+    """``<root>/stats/climatology.zarr``: where ``dlscale data climatology`` and ``import-era5`` write a data
+    root's climatology, the store ``data.climatology_path`` names by default."""
+    return root / "stats" / CLIMATOLOGY_STORE
+
+
 @dataclass
 class StoreVariable:
     """One variable of the store: its name, whether it has a ``level`` dimension, and the channel at each level

@@ -348,10 +348,13 @@ def ensure_climatology(
     from dlscale.data.era5.climatology.building import (
         ClimatologyRequest,
         build_climatology,
-        climatology_path,
         warn_of_lacking_days,
     )
-    from dlscale.data.era5.climatology.store_layout import stored_days_without_data, stored_years
+    from dlscale.data.era5.climatology.store_layout import (
+        climatology_path,
+        stored_days_without_data,
+        stored_years,
+    )
 
     try:
         import zarr  # noqa: F401
