@@ -1,6 +1,6 @@
 """GPU and host monitoring, backend-agnostic: a background sampler, its summary, and an efficiency report with
-a plain verdict per GPU, and on a CPU run a warning when other processes took the cores its threads needed.
-Device calls live in ``dlscale.runtime.gpu_metrics``; a GPU backend here is anything whose ``read()`` returns
+a plain verdict per GPU, and on a CPU run the warning of :mod:`.cpu_sharing` when other processes took the cores its
+threads needed. Device calls live in ``dlscale.runtime.gpu_metrics``; a GPU backend here is anything whose ``read()`` returns
 ``GpuReading`` values, so the tests drive all of this with a scripted fake (and a scripted host)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from dlscale.perf.monitor.cpu_sharing import cpu_sharing_warning, process_cpu_cores
 from dlscale.runtime.gpu_metrics import GpuBackend, GpuReading, HostReading, read_host
 
 log = logging.getLogger("dlscale.monitor")
@@ -24,14 +25,6 @@ IDLE_UTILIZATION_PCT = 50.0  # below: the GPU sat idle much of the time
 HIGH_UTILIZATION_PCT = 80.0  # at or above, with power below LOW_POWER_FRACTION: kernels run but do little
 LOW_POWER_FRACTION = 0.5
 BUSY_POWER_FRACTION = 0.7  # at or above: the GPU is doing real work
-
-# The CPU-sharing warning (see ``cpu_sharing_warning``): a CPU run whose process ran on fewer cores than this
-# share of its threads (those the machine has cores for), while other processes used at least half of the cores
-# it went without. Two runs of 2 threads each on 2 cores get about one core each (a share of 0.5), and were
-# measured about 15 times slower than one run alone: torch's threads wait for each other at every operation,
-# and a thread that has lost its core holds up the others.
-CPU_SHARED_SHARE = 0.75
-OTHERS_TOOK_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -200,18 +193,6 @@ class MonitorSummary:
         return sum(gpu.energy_j for gpu in self.gpus)
 
 
-def process_cpu_cores(samples: Sequence[Sample]) -> float | None:
-    """The cores this process ran on, on average over ``samples``: the CPU seconds it used between consecutive
-    samples over the seconds between them (None without two samples that read its CPU time)."""
-    cpu_s = elapsed_s = 0.0
-    for before, after in zip(samples[:-1], samples[1:], strict=True):
-        if before.host.process_cpu_s is None or after.host.process_cpu_s is None:
-            continue
-        cpu_s += after.host.process_cpu_s - before.host.process_cpu_s
-        elapsed_s += after.time_s - before.time_s
-    return cpu_s / elapsed_s if elapsed_s > 0 else None
-
-
 def summarize(samples: Sequence[Sample]) -> MonitorSummary:
     """Per-GPU means, peaks and energy, and host means/peaks (the process's memory apart from the machine's,
     its CPU use apart from the machine's), over ``samples``."""
@@ -251,7 +232,7 @@ def summarize(samples: Sequence[Sample]) -> MonitorSummary:
         process_peak_memory_gb=_peak([s.host.process_memory_gb for s in samples]),
         machine_peak_memory_used_gb=_peak([s.host.memory_used_gb for s in samples]),
         machine_memory_total_gb=_peak([s.host.memory_total_gb for s in samples]),
-        process_mean_cpu_cores=process_cpu_cores(samples),
+        process_mean_cpu_cores=process_cpu_cores([(s.time_s, s.host.process_cpu_s) for s in samples]),
         machine_cpus=max((s.host.machine_cpus for s in samples if s.host.machine_cpus), default=None),
     )
 
@@ -277,33 +258,6 @@ def verdict(gpu: GpuStats) -> str:
     if fraction is not None and fraction >= BUSY_POWER_FRACTION:
         return f"{head} ({fraction:.0%}) at {util:.0f}% utilization: GPU busy"
     return f"{head} at {util:.0f}% utilization: moderately loaded; `dlscale bench` shows where time goes"
-
-
-def cpu_sharing_warning(summary: MonitorSummary, threads: int, usable_cpus: int) -> str | None:
-    """The warning for a CPU run whose process got far fewer cores than its ``threads`` could use (at most
-    ``usable_cpus``) while other processes kept the machine busy, or None (thresholds above). A process that
-    left cores idle by itself (waiting on input, or Python between the operations) is not warned about: the
-    other processes must have taken at least half of what it went without."""
-    used, machine_pct, machine_cpus = (
-        summary.process_mean_cpu_cores,
-        summary.host_mean_cpu_pct,
-        summary.machine_cpus,
-    )
-    wanted = min(threads, usable_cpus)
-    if used is None or machine_pct is None or not machine_cpus or wanted < 2:
-        return None  # one thread is not slowed more than its share says: it waits for no other thread
-    if used >= CPU_SHARED_SHARE * wanted:
-        return None
-    others = max(machine_pct / 100 * machine_cpus - used, 0.0)
-    if others < OTHERS_TOOK_SHARE * (wanted - used):
-        return None
-    return (
-        f"CPU shared with other processes: this run's process ran on {used:.1f} cores on average for its "
-        f"{threads} threads (torch.get_num_threads()), while other processes kept {others:.1f} of the machine's "
-        f"{machine_cpus} cores busy. Runs whose threads add up to more than the cores slow each other far more "
-        "than that share (two runs of 2 threads on 2 cores each took about 15 times as long): give each its "
-        "own cores (OMP_NUM_THREADS=<cores / runs> before the command) or run them one after another"
-    )
 
 
 @dataclass
@@ -412,5 +366,8 @@ def build_report(
     judged = steady if judges_steady_state(steady) else summary
     verdicts = [verdict(gpu) for gpu in judged.gpus]
     host = judged_host(summary, steady)
-    sharing = cpu_sharing_warning(host, *cpu_threads) if cpu_threads and host else None
+    sharing = None
+    if cpu_threads and host:
+        used, busy = host.process_mean_cpu_cores, host.host_mean_cpu_pct
+        sharing = cpu_sharing_warning(used, busy, host.machine_cpus, *cpu_threads)
     return EfficiencyReport(summary, energy, samples_trained, samples_per_epoch, verdicts, steady, sharing)
