@@ -18,7 +18,6 @@ Results: ``<out>/<date>-<device>-attention-backends.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from datetime import datetime
@@ -27,12 +26,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from benchmark_text import command_line
+from benchmark_text import command_line, write_device_record
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dlscale.config import load_run_config
 from dlscale.perf.bench.intervals import mean_interval
-from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.device import Device
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,11 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "forward_gflop": forward_flop / 1e9,
         "backends": backends,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{record['date']}-{device_name.replace(' ', '-')}-attention-backends"
-    write_text_atomically(stem.with_suffix(".json"), json.dumps(record, indent=2) + "\n")
-    write_text_atomically(stem.with_suffix(".md"), markdown(record))
+    write_device_record(args.out, "attention-backends", record, markdown(record))
     print(markdown(record))
     return 0
 

@@ -145,7 +145,13 @@ class CommandResult:
 
 
 class Session:
-    """The budget, the scratch and output directories, the log, and the report written after every part."""
+    """The budget, the scratch and output directories, the log, and the report written after every part.
+
+    ``NAME`` names the files in ``--out`` and ``TITLE`` the log lines: gpu_second_light.py's session is this one
+    with its own names, sizes and report."""
+
+    NAME = "first_light"
+    TITLE = "first light"
 
     def __init__(self, args: argparse.Namespace):
         self.started = time.monotonic()
@@ -159,11 +165,11 @@ class Session:
         self.scratch = Path(args.scratch).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
         self.scratch.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.out / "first_light.log"
+        self.log_path = self.out / f"{self.NAME}.log"
         self.log_path.write_text("")
         self.data = self.scratch / "era5"
         self.report: dict[str, Any] = {
-            "benchmark": "dlscale GPU first light",
+            "benchmark": f"dlscale GPU {self.TITLE}",
             "rehearsal": self.rehearse,
             "date": datetime.now().astimezone().isoformat(timespec="seconds"),
             "command": command_text(args.argv),
@@ -177,7 +183,7 @@ class Session:
         return time.monotonic() - self.started
 
     def say(self, message: str) -> None:
-        line = f"[first light {self.elapsed():6.1f} s] {message}"
+        line = f"[{self.TITLE} {self.elapsed():6.1f} s] {message}"
         print(line, flush=True)
         with self.log_path.open("a") as log:
             log.write(line + "\n")
@@ -190,16 +196,24 @@ class Session:
             env["DLSCALE_DEVICE"] = "cpu"  # a rehearsal on a GPU machine stays a rehearsal
         return env
 
-    def command(self, label: str, argv: Sequence[str], deadline: float) -> CommandResult:
-        """Run ``argv`` in its own process group until it ends or ``deadline`` (then the group is killed);
-        its output goes to the log as it comes (the last ``LOG_CAP_BYTES``)."""
+    def command(
+        self,
+        label: str,
+        argv: Sequence[str],
+        deadline: float,
+        cwd: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> CommandResult:
+        """Run ``argv`` (in ``cwd``, the checkout by default, with ``extra_env`` over the environment) in its own
+        process group until it ends or ``deadline`` (then the group is killed); its output goes to the log as
+        it comes (the last ``LOG_CAP_BYTES``)."""
         argv = [str(word) for word in argv]
         self.say(f"{label}: {shlex.join(argv)}")
         began = time.monotonic()
         process = subprocess.Popen(
             argv,
-            cwd=REPO,
-            env=self.environment(),
+            cwd=cwd or REPO,
+            env={**self.environment(), **(extra_env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -235,8 +249,16 @@ class Session:
     def write(self) -> None:
         """The report, its markdown and plots, in ``--out`` (each file replaced atomically)."""
         self.report["elapsed_s"] = round(self.elapsed(), 1)
-        write_atomically(self.out / "first_light.json", json.dumps(self.report, indent=2, default=str) + "\n")
-        write_atomically(self.out / "first_light.md", markdown(self.report))
+        write_atomically(
+            self.out / f"{self.NAME}.json", json.dumps(self.report, indent=2, default=str) + "\n"
+        )
+        write_atomically(self.out / f"{self.NAME}.md", self.markdown())
+        self.draw_plots()
+
+    def markdown(self) -> str:
+        return markdown(self.report)
+
+    def draw_plots(self) -> None:
         draw_plots(self.report, self.out, self.scratch)
 
 
@@ -1042,16 +1064,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def chosen_parts(names: str | None) -> list[Part]:
+def chosen_parts(names: str | None, parts: Sequence[Part] = PARTS) -> list[Part]:
+    """The ``parts`` that ``--parts`` names (all when None), with the data part when one of them needs data."""
     if not names:
-        return list(PARTS)
+        return list(parts)
     wanted = {name.strip() for name in names.split(",") if name.strip()}
-    unknown = wanted - {part.name for part in PARTS}
+    unknown = wanted - {part.name for part in parts}
     if unknown:
-        raise SystemExit(f"--parts: unknown {sorted(unknown)}; known: {', '.join(p.name for p in PARTS)}")
-    if wanted & {p.name for p in PARTS if p.needs_data}:
+        raise SystemExit(f"--parts: unknown {sorted(unknown)}; known: {', '.join(p.name for p in parts)}")
+    if wanted & {p.name for p in parts if p.needs_data}:
         wanted.add("data")  # a fresh machine has none
-    return [part for part in PARTS if part.name in wanted]
+    return [part for part in parts if part.name in wanted]
 
 
 def combine_records(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -1123,10 +1146,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return probe_env(args.probe_env, args.rehearse, (REHEARSAL if args.rehearse else GPU).gemm_size)
     if args.combine:
         return combine(*args.combine, Path(args.out))
-    parts = chosen_parts(args.parts)
-    session = Session(args)
+    return run_session(Session(args), chosen_parts(args.parts))
+
+
+def run_session(session: Session, parts: Sequence[Part]) -> int:
+    """Every part in turn, the report written after each; 0 when all of them are ok."""
     session.say(
-        f"{'rehearsal (CPU, tiny sizes)' if args.rehearse else 'GPU run'}: {', '.join(p.name for p in parts)}"
+        f"{'rehearsal (CPU, tiny sizes)' if session.rehearse else 'GPU run'}: {', '.join(p.name for p in parts)}"
     )
     for part in parts:
         run_part(session, part)

@@ -8,6 +8,9 @@ IO, SYNTHETIC and FULL trials of `dlscale bench`. The results go to benchmarks/r
     PYTHONPATH=src python3 benchmarks/ladder.py --data /scratch/era5_full
     # on a CPU: the `tiny` config on a tiny data set; rungs that need a GPU are marked skipped
     PYTHONPATH=src python3 benchmarks/ladder.py
+    # another workload's config file, on data made beforehand (its `dlscale data synth-*` command)
+    PYTHONPATH=src python3 benchmarks/ladder.py --yaml_config configs/unet_cosmo.yaml --config short \
+        --data /scratch/cosmo --rungs baseline,fp16_compile
 
 Rungs are explicit (each lists every switch it sets), so one can be rerun alone with --rungs NAME,...
 """
@@ -33,6 +36,7 @@ from ladder_record import peak_memory_gb
 from dlscale import __version__
 from dlscale.config import load_run_config
 from dlscale.data.era5.synth import existing_spec, spec_from_preset, write_synthetic_era5
+from dlscale.errors import ConfigError
 from dlscale.perf.bench.plot import plotted_interval, throughput_figure
 from dlscale.perf.bench.report import TEST_NAMES, TrialSeries
 from dlscale.perf.plan.layout_cost import GIB, Layout, TrainingSettings, estimate_memory
@@ -122,6 +126,26 @@ RUNGS = (
         },
         needs_gpu=True,
     ),
+    # The best rungs of the other workloads' tutorials: the U-Net's short_opt (fp16 AMP, fused Adam, compile, the
+    # gpu pipeline in place of DALI), and CUDA graphs for an optimizer without a fused implementation (MNIST's
+    # Adadelta).
+    Rung(
+        "fp16_compile",
+        "AMP fp16 + fused Adam + torch.compile (the U-Net tutorial's short_opt)",
+        {
+            "num_data_workers": "N",
+            "data_loader_config": "gpu",
+            "amp_mode": "fp16",
+            "enable_fused": "true",
+            "enable_jit": "true",
+        },
+    ),
+    Rung(
+        "bf16_graphs",
+        "AMP bf16 + CUDA graphs, optimizer unfused",
+        {"num_data_workers": "N", "data_loader_config": "gpu", "amp_mode": "bf16", "cuda_graphs": "true"},
+        needs_gpu=True,
+    ),
     Rung(
         "cuda_graphs",
         "CUDA graphs instead of compile (optimizer captured)",
@@ -145,8 +169,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--data", help="ERA5 data root (default: a full-grid synthetic set on a GPU, tiny on CPU)"
     )
     parser.add_argument(
-        "--config", help="config of configs/vit_era5.yaml (default short on a GPU, tiny on CPU)"
+        "--yaml_config",
+        default=str(CONFIG_FILE),
+        help="YAML file of named configs (default configs/vit_era5.yaml; another workload's needs --data)",
     )
+    parser.add_argument("--config", help="config of the YAML file (default short on a GPU, tiny on CPU)")
     parser.add_argument(
         "--workers", type=int, help="loader workers of the rungs that use them (default 8 / 2)"
     )
@@ -216,9 +243,13 @@ def run_ladder(args: argparse.Namespace, on_rung: Callable[[dict], None] | None 
     workers = args.workers if args.workers is not None else (8 if on_gpu else 2)
     nbatches = args.nbatches or (20 if on_gpu else 10)
     data = Path(args.data or (REPO / "data" / ("era5_ladder" if on_gpu else "era5_ladder_tiny"))).resolve()
+    config_file = Path(args.yaml_config).resolve()
     rungs = chosen_rungs(args.rungs)
     tests = chosen_tests(args.tests)
-    ensure_data(data, on_gpu, given=args.data is not None)
+    if config_file == CONFIG_FILE.resolve():
+        ensure_data(data, on_gpu, given=args.data is not None)
+    elif args.data is None:
+        raise SystemExit(f"--data: {config_file.name} is not the ViT's config file; give its data root")
     test_switches = [f"bench.run_{name.lower()}={str(name in tests).lower()}" for name in TEST_NAMES]
 
     rows: list[dict] = []
@@ -234,6 +265,9 @@ def run_ladder(args: argparse.Namespace, on_rung: Callable[[dict], None] | None 
             "dlscale": __version__,
         },
         "config": config,
+        "yaml_config": str(
+            config_file.relative_to(REPO) if config_file.is_relative_to(REPO) else config_file
+        ),
         "data": str(data),
         "workers": workers,
         "bench": {"nwarmup": args.nwarmup, "ntrials": args.ntrials, "nbatches": nbatches, "tests": tests},
@@ -262,7 +296,15 @@ def run_ladder(args: argparse.Namespace, on_rung: Callable[[dict], None] | None 
                 *row["overrides"],
                 *args.set,
             ]
-            cfg = load_run_config(CONFIG_FILE, config, overrides)
+            try:
+                cfg = load_run_config(config_file, config, overrides)
+            except ConfigError as exc:  # a rung this workload cannot take (Adadelta has no fused version)
+                row["skipped"] = f"not for this workload: {exc}"
+                rows.append(row)
+                log.info("Rung %s skipped: %s", rung.name, exc)
+                if on_rung is not None:
+                    on_rung(result)
+                continue
             log.info("=== Rung %s: %s", rung.name, rung.description)
             results = bench_one_config(cfg, Path(scratch) / f"{rung.name}.json", command=shlex.join(sys.argv))
             record = results.record
@@ -304,7 +346,7 @@ def markdown(result: dict) -> str:
         f"- command: `{result['command']}`",
         f"- torch {result['versions']['torch']}, CUDA {result['versions']['cuda']}, "
         f"driver {result['versions']['driver']}, dlscale {result['versions']['dlscale']}",
-        f"- config `{result['config']}` of configs/vit_era5.yaml, data {result['data']}, "
+        f"- config `{result['config']}` of {result.get('yaml_config', 'configs/vit_era5.yaml')}, data {result['data']}, "
         f"{result['workers']} loader workers where used",
         f"- trials: {result['bench']['nwarmup']} warm-up + {result['bench']['ntrials']} recorded, "
         f"{result['bench']['nbatches']} batches each; global samples/s (mean)",
@@ -334,8 +376,18 @@ def markdown(result: dict) -> str:
 
 def planned_memory_gb(cfg) -> float | None:
     """``dlscale plan``'s estimate of what one GPU's tensors hold for ``cfg`` (its total less the CUDA context
-    allowance, which torch's allocator does not count), in GB of 2^30 bytes."""
-    memory = estimate_memory(model_shape_of(cfg), TrainingSettings.from_run_config(cfg), Layout(1, 1, 1))
+    allowance, which torch's allocator does not count), in GB of 2^30 bytes: the ViT's analytic model, another
+    workload's traced step (as ``dlscale plan`` picks them)."""
+    from dlscale.models.vit_config import ViTConfig
+
+    if isinstance(cfg.model, ViTConfig):
+        memory = estimate_memory(model_shape_of(cfg), TrainingSettings.from_run_config(cfg), Layout(1, 1, 1))
+    else:
+        from dlscale.run.config_plan import traced_plan_of
+
+        memory = traced_plan_of(cfg, 1, 80.0).plan.rows[0].memory
+        if memory is None:
+            return None
     return (memory.total - memory.cuda_allowance) / GIB
 
 
@@ -385,9 +437,12 @@ def merge_rungs(earlier: dict, latest: dict) -> dict:
 
 
 def results_stem(out: Path, result: dict) -> Path:
-    """``<out>/<date>-<device>-ladder``: the .json, .md and .png share it."""
+    """``<out>/<date>-<device>-ladder`` (``-<config file>-ladder`` for another workload's config file): the .json,
+    .md and .png share it."""
     device_slug = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
-    return out / f"{result['date'][:10]}-{device_slug}-ladder"
+    workload = Path(result.get("yaml_config") or CONFIG_FILE).stem
+    suffix = "" if workload == CONFIG_FILE.stem else f"-{workload.replace('_', '-')}"
+    return out / f"{result['date'][:10]}-{device_slug}{suffix}-ladder"
 
 
 def write_results(out: Path, result: dict) -> Path:

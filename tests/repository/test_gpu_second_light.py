@@ -1,0 +1,164 @@
+"""benchmarks/gpu_second_light.py: the tutorial's own train.py beside dlscale on one GPU. The tutorial's code is not
+part of this repository (the script reads it from an ignored folder), so its pieces are tested here on text shaped
+like the tutorial's, and the committed H200 record is rendered again."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+RESULTS = BENCHMARKS / "results"
+sys.path.insert(0, str(BENCHMARKS))  # the script imports its sibling modules, as when it runs from there
+
+import attention_ceiling  # noqa: E402
+import gpu_second_light as second_light  # noqa: E402
+
+# The keys of the tutorial's config/ViT.yaml that the script rewrites or extends (its layout: absolute paths, an
+# anchored `short` section the trial configs merge).
+TUTORIAL_YAML = """\
+base: &base
+  embed_dim: 384
+  global_batch_size: 16
+  num_iters: 30000
+  expdir: '/logs'
+  train_data_path:   '/data/train'
+  valid_data_path:   '/data/valid'
+  global_means_path: '/data/stats/global_means.npy'
+  limit_nsamples: None
+
+short: &short_ls
+  <<: *base
+  limit_nsamples: 512
+  num_iters: 128
+"""
+
+
+def test_the_trial_configs_point_at_the_data_and_run_whole_epochs(tmp_path: Path):
+    text = second_light.reference_yaml(TUTORIAL_YAML, tmp_path / "era5", tmp_path / "logs", second_light.GPU)
+    configs = yaml.safe_load(text)
+    for name, steps in (("bench", second_light.GPU.steps), ("bench_fp32", second_light.GPU.fp32_steps)):
+        trial = configs[name]
+        assert trial["train_data_path"] == f"{tmp_path}/era5/train"
+        assert trial["global_means_path"] == f"{tmp_path}/era5/stats/global_means.npy"
+        assert trial["expdir"] == f"{tmp_path}/logs"
+        assert trial["embed_dim"] == 384  # the rest of `short` comes with the merge key
+        # the reference runs num_iters // (limit // batch) epochs: exactly the epochs the trials need
+        assert trial["limit_nsamples"] == 16 * steps
+        assert trial["num_iters"] // (trial["limit_nsamples"] // 16) == second_light.GPU.epochs
+    rehearsal = yaml.safe_load(
+        second_light.reference_yaml(TUTORIAL_YAML, tmp_path, tmp_path, second_light.REHEARSAL)
+    )
+    assert rehearsal["bench"]["img_size"] == [16, 32]
+
+
+def test_a_tutorial_config_without_those_paths_is_refused(tmp_path: Path):
+    with pytest.raises(ValueError, match="no longer has the paths"):
+        second_light.reference_yaml(
+            TUTORIAL_YAML.replace("'/data/train'", "'/scratch/train'"), tmp_path, tmp_path, second_light.GPU
+        )
+
+
+def test_the_epoch_lines_of_both_tools_become_trials_after_the_warm_up():
+    output = [
+        "2026-11-28 09:10:12,581 - root - INFO - Time taken for epoch 1 is 60.1 sec, avg 4.2 samples/sec",
+        "2026-11-28 09:10:19,289 - root - INFO - Time taken for epoch 2 is 6.707224 sec, avg 38.167804 samples/sec",
+        "2026-11-28 09:10:19,289 - dlscale.train - INFO -   Performance: 10.5 TFLOP/s per GPU, MFU 1.1%; "
+        "peak memory 12.82 GB allocated, 16.77 GB reserved",
+        "2026-11-28 09:10:25,000 - root - INFO - Time taken for epoch 3 is 6.5 sec, avg 39.5 samples/sec",
+        "2026-11-28 09:10:25,100 - dlscale.train - INFO -   Performance: 233.4 TFLOP/s per GPU, MFU 23.6%; "
+        "peak memory 2.43 GB allocated, 16.77 GB reserved",
+        "2026-11-28 09:10:26,100 - dlscale.train - INFO -   Performance: 234.0 TFLOP/s per GPU, MFU 23.8%; "
+        "peak memory 2.43 GB allocated, 16.77 GB reserved",
+    ]
+    found = second_light.epoch_trials(output)
+    assert found["trials"] == [38.167804, 39.5]
+    assert found["mfu"] == pytest.approx(0.237)  # the epochs after the first
+    assert found["peak_memory_gb"] == 12.82  # the highest of all
+    assert second_light.epoch_trials(["no epochs here"])["trials"] == []
+
+
+def rung_row(name: str, reference: list[float], dlscale: list[float] | None) -> dict:
+    row = {"rung": name, "description": name, "steps_per_epoch": 16, "reference": {"trials": reference}}
+    if dlscale is not None:
+        row["dlscale"] = {"trials": dlscale}
+    second_light.finish_row(row)
+    return row
+
+
+def record(rows: list[dict]) -> dict:
+    return {
+        "date": "2026-11-28T09:00:00+00:00",
+        "command": "first",
+        "budget_s": 480,
+        "elapsed_s": 447,
+        "parts": {"reference": {"status": "timed out", "rungs": rows, "epochs": 4, "workers": 8}},
+    }
+
+
+def test_a_second_call_fills_the_rungs_the_first_ran_out_of_time_for():
+    first = record(
+        [
+            rung_row("fp32", [14.0, 13.0, 15.0], [14.5, 14.0, 15.0]),
+            rung_row("bf16", [36.0, 37.0, 36.5], [41.0, 42.0, 40.0]),
+            rung_row("bf16_fused_compile", [38.0, 38.1, 37.9], None),
+        ]
+    )
+    second = {"date": "2026-11-28T09:13:00+00:00", "command": "second", "parts": {"tests": {"status": "ok"}}}
+    epochs = "Time taken for epoch {} is 1.0 sec, avg {} samples/sec"
+    logs = {
+        "bf16_fused_compile": [epochs.format(1, 5.0), epochs.format(2, 44.0), epochs.format(3, 45.0)],
+        "best": [
+            epochs.format(1, 7.0),
+            epochs.format(2, 161.0),
+            epochs.format(3, 162.0),
+            epochs.format(4, 162.5),
+        ],
+    }
+    merged = second_light.combine_records(first, second, logs, "the second command")
+    rows = {row["rung"]: row for row in merged["parts"]["reference"]["rungs"]}
+    assert rows["bf16_fused_compile"]["dlscale"]["trials"] == [44.0, 45.0]
+    assert rows["bf16_fused_compile"]["ratio"]["ratio"] == pytest.approx(
+        (44.0 * 45.0) ** 0.5 / (38.0 * 38.1 * 37.9) ** (1 / 3), rel=1e-9
+    )
+    best = merged["parts"]["reference"]["dlscale_best"]
+    assert best["ratio_to_reference_best"]["ratio"] > 4 and best["call"] == 2
+    assert merged["parts"]["tests"]["call"] == 2 and merged["parts"]["reference"]["call"] == 1
+    assert merged["calls"][1]["command"] == "the second command"
+    found = {t["target"]: t for t in second_light.targets(merged)}
+    every = found["dlscale against the reference on every rung it offers"]
+    assert not every["met"]  # fp32's interval reaches below 1
+    assert found["dlscale's best against the reference's best rung"]["met"]
+
+
+def test_every_rung_is_met_only_when_each_interval_is_clear_of_one():
+    fast = [rung_row(rung.name, [10.0, 10.1, 9.9], [12.0, 12.1, 11.9]) for rung in second_light.RUNGS]
+    target = second_light.targets(record(fast))[0]
+    assert target["met"]
+    missing = second_light.targets(record(fast[:-1]))[0]  # a rung without a comparison is not a pass
+    assert not missing["met"]
+
+
+def test_the_ceiling_adds_the_times_of_the_two_kinds_of_work():
+    shapes = {"step_flop": 100e12, "attention_flop": 60e12}
+    attention = [
+        {"backend": "cudnn", "head_dim": 48, "tflops": 300.0},
+        {"backend": "math", "unavailable": "no"},
+    ]
+    (row,) = attention_ceiling.ceilings(shapes, 500.0, attention, peak=1000.0)
+    seconds = 40e12 / 500e12 + 60e12 / 300e12  # GEMMs at their rate, attention at its own
+    assert row["step_ms"] == pytest.approx(1e3 * seconds)
+    assert row["mfu"] == pytest.approx(100e12 / seconds / 1000e12)
+
+
+def test_the_committed_h200_record_renders(tmp_path: Path):
+    committed = json.loads((RESULTS / "2026-11-28-h200-second-light.json").read_text())
+    text = second_light.markdown(committed)
+    assert text == (RESULTS / "2026-11-28-h200-second-light.md").read_text()
+    assert "| dlscale's best against the reference's best rung | >= 1.3x, interval clear of 1.0 | " in text
+    second_light.reference_figure(committed, tmp_path / "reference.png")
+    assert (tmp_path / "reference.png").read_bytes().startswith(b"\x89PNG")
