@@ -808,11 +808,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return write_cosmo_box(*args.cosmo_box)
     if args.combine:
         return combine(*args.combine, args.dlscale_log, args.second_command, Path(args.out), args.note)
+    parts = first_light.chosen_parts(args.parts, PARTS)  # a wrong name ends here, before any folder is made
     session = SecondLight(args)
     session.report["command"] = "PYTHONPATH=src python3 " + " ".join(
         ["benchmarks/gpu_second_light.py", *args.argv]
     )
-    return first_light.run_session(session, first_light.chosen_parts(args.parts, PARTS))
+    return first_light.run_session(session, parts)
 
 
 if __name__ == "__main__":
