@@ -1,5 +1,8 @@
 """ERA5 weather forecasting with a ViT: predict the atmosphere 6 hours ahead (the NERSC tutorial's workload).
 
+The model's blocks mix tokens by attention (the tutorial's ViT) or, with ``model.mixer: afno``, by FourCastNet's
+adaptive Fourier neural operator (docs/models.md); only attention has a tensor/context-parallel form.
+
 Loss: relative L2 per sample. Metrics: the loss and the latitude-weighted RMSE of every channel on normalized
 fields (the tutorial's ``RMSE(u10m)`` is channel u10), next to the same metrics for *persistence* (tomorrow
 equals today), the baseline a forecast must beat.
@@ -66,7 +69,8 @@ class ERA5ViT(Workload):
         )
 
     def parallelize(self, model: VisionTransformer, mesh) -> VisionTransformer:
-        """This rank's tensor/context-parallel part of the ViT (see dlscale.parallel.vit_parallel)."""
+        """This rank's tensor/context-parallel part of the ViT (see dlscale.parallel.vit_parallel); the config
+        already refused tp/cp for a mixer other than attention (ViTConfig.check_parallel)."""
         from dlscale.parallel.vit_parallel import parallelize_vit
 
         return parallelize_vit(model, mesh)
@@ -124,7 +128,8 @@ class ERA5ViT(Workload):
 
         return (
             f"ViT with {count_parameters(model):,} parameters: embed {model.embed_dim}, depth {len(model.blocks)}, "
-            f"patch {model.patch_size}, {model.num_tokens} tokens ({model.grid_size[0]}x{model.grid_size[1]})"
+            f"patch {model.patch_size}, {model.num_tokens} tokens ({model.grid_size[0]}x{model.grid_size[1]}), "
+            f"mixer {model.mixer}"
         )
 
 

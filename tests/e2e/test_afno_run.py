@@ -1,0 +1,125 @@
+"""The AFNO mixer through dlscale's commands on the tiny ERA5 data: a short ``afno_tiny`` run trains, forecasts
+and exports (the .pt2 program runs in a Python without dlscale); ``dlscale plan`` plans it; the AFNO keys' wrong
+values and tensor/context parallelism are one line with exit status 2, before anything runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from run_configs import tiny_run_config
+
+from dlscale.cli import main
+from dlscale.config import load_run_config
+from dlscale.data.era5.dataset import ERA5Dataset
+from dlscale.errors import ConfigError
+from dlscale.run.training import train
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
+# One epoch of 2 steps: the commands, not the training, are under test.
+SHORT = ("data.limit_nsamples=8", "data.limit_nsamples_val=4", "train.num_epochs=1")
+
+
+@pytest.fixture(scope="module")
+def afno_run(tiny_era5: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    expdir = tmp_path_factory.mktemp("afno_runs")
+    assert train(tiny_run_config(CONFIG, tiny_era5, expdir, *SHORT, name="afno_tiny")) == 0
+    return expdir / "afno_tiny" / "00"
+
+
+# The exported program in a Python without dlscale (isolated mode, no site: only torch's directory is added).
+WITHOUT_DLSCALE = """
+import importlib.util, sys
+site_packages, program, inputs, outputs = sys.argv[1:]
+sys.path.append(site_packages)
+assert importlib.util.find_spec("dlscale") is None, "dlscale is importable"
+import numpy, torch
+torch.set_num_threads(1)
+module = torch.export.load(program).module()
+with torch.no_grad():
+    numpy.save(outputs, module(torch.from_numpy(numpy.load(inputs))).numpy())
+print("ran without dlscale")
+"""
+
+
+def test_an_afno_run_trains_forecasts_and_exports_a_program_that_runs_without_dlscale(afno_run, tmp_path):
+    log = (afno_run / "out.log").read_text()
+    assert "mixer afno" in log
+    summary = json.loads((afno_run / "summary.json").read_text())
+    assert summary["outcome"] == "finished" and np.isfinite(summary["history"][-1]["train_loss"])
+
+    assert main(["forecast", str(afno_run), "--lead", "12h", "--init", "every:12h", "--no-figures"]) == 0
+    (scores_file,) = (afno_run / "forecast").glob("*/scores.json")
+    model = json.loads(scores_file.read_text())["scores"]["model"]["rmse"]
+    assert model["z500"][0] == 0.0 and all(np.isfinite(model["z500"][1:])) and model["z500"][-1] > 0
+
+    out = tmp_path / "export"
+    assert main(["export", str(afno_run), "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["program"]["matches_model"] is True
+    cfg = load_run_config(afno_run / "config.yaml", "afno_tiny")
+    inputs = torch.stack([ERA5Dataset(cfg.data, "valid")[i][0] for i in range(3)])
+    import dlscale
+
+    with torch.no_grad():
+        expected = dlscale.load_model(out).model(inputs).numpy()
+    np.save(tmp_path / "inputs.npy", inputs.numpy())
+    command = [sys.executable, "-I", "-S", "-c", WITHOUT_DLSCALE, str(Path(torch.__file__).parents[1]),
+               str(out / "model.pt2"), "inputs.npy", "outputs.npy"]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "ran without dlscale" in done.stdout, done.stderr[-3000:]
+    np.testing.assert_allclose(np.load(tmp_path / "outputs.npy"), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_plan_traces_an_afno_config_without_its_data_and_lists_no_model_parallel_layouts(tmp_path, capsys):
+    settings = ["--set", f"data.root={tmp_path / 'absent'}", "--set", f"log.expdir={tmp_path}"]
+    assert (
+        main(["plan", "--yaml_config", str(CONFIG), "--config", "afno_tiny", "--gpus", "2", *settings]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "one sample is input float32 (20, 16, 32), target float32 (20, 16, 32)" in out
+    assert "DDP dp=2" in out and "FSDP2 dp=2" in out
+    assert "model.mixer 'afno' has no tensor/context-parallel form" in out
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "model.afno_hard_thresholding_fraction=0",
+            "model.afno_hard_thresholding_fraction: must be in (0, 1]",
+        ),
+        (
+            "model.afno_hard_thresholding_fraction=1.5",
+            "model.afno_hard_thresholding_fraction: must be in (0, 1]",
+        ),
+        (
+            "model.afno_hard_thresholding_fraction=nan",
+            "model.afno_hard_thresholding_fraction: must be in (0, 1]",
+        ),
+        ("model.afno_num_blocks=5", "model.afno_num_blocks: 5 blocks do not divide embed_dim 32"),
+        ("model.afno_num_blocks=0", "model.afno_num_blocks: must be at least 1"),
+        ("model.afno_sparsity_threshold=-0.1", "model.afno_sparsity_threshold: must be a finite number >= 0"),
+        ("model.mixer=fno", "'fno' is not one of attention, afno"),
+        ("parallel.tensor_parallel=2", "parallel.tensor_parallel: 2 with model.mixer 'afno'"),
+        ("parallel.context_parallel=4", "parallel.context_parallel: 4 with model.mixer 'afno'"),
+    ],
+)
+def test_wrong_afno_settings_are_one_line_before_anything_runs(setting, message, tmp_path, capsys):
+    argv = ["train", "--yaml_config", str(CONFIG), "--config", "afno_tiny", "--set", f"log.expdir={tmp_path}"]
+    assert main([*argv, "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dlscale: error: ") and err.count("\n") == 1 and message in err, err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_an_afno_width_need_not_be_a_multiple_of_the_heads(tmp_path):
+    overrides = ["model.num_heads=5", f"log.expdir={tmp_path}"]
+    assert load_run_config(CONFIG, "afno_tiny", overrides).model.num_heads == 5
+    with pytest.raises(ConfigError, match="model.embed_dim: 32 is not a multiple of num_heads=5"):
+        load_run_config(CONFIG, "tiny", overrides)
