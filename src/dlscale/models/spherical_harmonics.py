@@ -273,8 +273,10 @@ class _TransformBase(nn.Module):
         return f"nlat={self.nlat}, nlon={self.nlon}, lmax={self.lmax}, mmax={self.mmax}, rule={self.rule}"
 
     def _buffer(self, name: str, table: np.ndarray) -> None:
-        # float32: the tests' round trips hold to ~1e-6; not persistent: the grid gives them again.
-        self.register_buffer(name, torch.tensor(table, dtype=torch.float32), persistent=False)
+        # float32: the tests' round trips hold to ~1e-6. Persistent: a checkpoint or an exported model carries
+        # the tables of the grid it was trained on, so a model rebuilt where the data (and so its latitudes) is
+        # not at hand still computes what it was trained to.
+        self.register_buffer(name, torch.tensor(table, dtype=torch.float32))
 
 
 class SphericalHarmonicTransform(_TransformBase):

@@ -7,18 +7,24 @@ layers (`q`, `k`, `v`, `proj`, `fc1`, `fc2`) and by splitting the token sequence
 `VisionTransformer.tokens` and the final `norm`.
 
 ``model.mixer: afno`` replaces every attention block by FourCastNet's AFNO block (:class:`AFNOBlock`, its filter
-in :mod:`dlscale.models.afno`); the patch embedding, positional embedding, head and unpatchify stay. Such a
-model has no tensor- or context-parallel form (the config refuses one).
+in :mod:`dlscale.models.afno`), ``model.mixer: sfno`` by the same block with the SFNO's spherical convolution
+as its filter (:class:`dlscale.models.sfno.SFNOMixer`, on the latitudes of the patch centres); the patch
+embedding, positional embedding, head and unpatchify stay. Such a model has no tensor- or context-parallel form
+(the config refuses one).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dlscale.errors import InvalidValue
 from dlscale.models.afno import AFNO2D, afno_flops_per_token_grid, check_kept_modes
+from dlscale.models.sfno import SFNOMixer, sfno_mixer_flops
 from dlscale.models.vit_config import ViTConfig
 
 # The reference initialises every Linear weight and the positional embedding with this std.
@@ -170,12 +176,19 @@ class AFNOBlock(nn.Module):
     attention block, drop-path acts on the MLP branch only, as in the reference.
     """
 
-    def __init__(self, cfg: ViTConfig, drop_path_rate: float, grid_size: tuple[int, int]):
+    def __init__(
+        self,
+        cfg: ViTConfig,
+        drop_path_rate: float,
+        grid_size: tuple[int, int],
+        filter_module: nn.Module | None = None,
+    ):
         super().__init__()
         dim = cfg.embed_dim
         self.grid_size = grid_size
         self.norm1 = nn.LayerNorm(dim, eps=cfg.norm_eps)
-        self.filter = AFNO2D(
+        # AFNO's filter, or another on the same (B, h, w, D) grid that adds its own input (SFNO's)
+        self.filter = filter_module or AFNO2D(
             dim, cfg.afno_num_blocks, cfg.afno_sparsity_threshold, cfg.afno_hard_thresholding_fraction
         )
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
@@ -189,13 +202,33 @@ class AFNOBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-def build_block(cfg: ViTConfig, drop_path_rate: float, grid_size: tuple[int, int]) -> nn.Module:
+def build_block(
+    cfg: ViTConfig,
+    drop_path_rate: float,
+    grid_size: tuple[int, int],
+    token_latitudes: np.ndarray | None = None,
+) -> nn.Module:
     """The block of ``cfg.mixer`` for tokens of a grid_size (h, w) grid: :class:`Block` (attention) or
-    :class:`AFNOBlock` (afno)."""
+    :class:`AFNOBlock` with AFNO's filter (afno) or SFNO's on the rows' ``token_latitudes`` (sfno)."""
     if cfg.mixer == "afno":
         check_kept_modes(grid_size, cfg.afno_hard_thresholding_fraction)
         return AFNOBlock(cfg, drop_path_rate, grid_size)
+    if cfg.mixer == "sfno":
+        mixer = SFNOMixer(
+            token_latitudes, grid_size[1], cfg.embed_dim, cfg.sfno_num_blocks,
+            key="model.mixer sfno: the latitudes of the patch rows (data.img_size / model.patch_size)",
+            blocks_key="model.sfno_num_blocks",
+        )  # fmt: skip
+        return AFNOBlock(cfg, drop_path_rate, grid_size, mixer)
     return Block(cfg, drop_path_rate)
+
+
+def patch_row_latitudes(latitudes: Sequence[float], patch_size: int) -> np.ndarray:
+    """The latitude of each row of patch tokens: the mean of its ``patch_size`` image rows' latitudes (degrees)."""
+    rows = np.asarray(latitudes, dtype=np.float64)
+    if rows.size % patch_size:
+        raise InvalidValue("patch_size", f"{patch_size} does not divide the {rows.size} image rows")
+    return rows.reshape(-1, patch_size).mean(axis=1)
 
 
 class VisionTransformer(nn.Module):
@@ -205,7 +238,15 @@ class VisionTransformer(nn.Module):
     context-parallel wrapper can split the sequence after `tokens` and gather it before `head`.
     """
 
-    def __init__(self, cfg: ViTConfig, img_size: tuple[int, int], in_channels: int, out_channels: int):
+    def __init__(
+        self,
+        cfg: ViTConfig,
+        img_size: tuple[int, int],
+        in_channels: int,
+        out_channels: int,
+        latitudes: Sequence[float] | None = None,
+    ):
+        """``latitudes``: of the image's rows, in degrees (the SFNO mixer's grid; the other mixers ignore them)."""
         super().__init__()
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
             if value < 1:
@@ -218,12 +259,24 @@ class VisionTransformer(nn.Module):
         self.out_channels = out_channels
         self.embed_dim = cfg.embed_dim
         self.mixer = cfg.mixer
+        token_latitudes = None
+        if cfg.mixer == "sfno":
+            if latitudes is None or len(latitudes) != self.img_size[0]:
+                raise InvalidValue(
+                    "model.mixer",
+                    f"sfno needs the latitudes of the image's {self.img_size[0]} rows, got "
+                    f"{'none' if latitudes is None else len(latitudes)}",
+                )
+            token_latitudes = patch_row_latitudes(latitudes, cfg.patch_size)
 
         self.patch_embed = PatchEmbed(in_channels, cfg.embed_dim, cfg.patch_size)
         self.pos_embed = nn.Parameter(torch.empty(1, self.num_tokens, cfg.embed_dim))
         self.pos_drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.Sequential(
-            *(build_block(cfg, rate, self.grid_size) for rate in drop_path_rates(cfg.dropout, cfg.depth)),
+            *(
+                build_block(cfg, rate, self.grid_size, token_latitudes)
+                for rate in drop_path_rates(cfg.dropout, cfg.depth)
+            ),
         )
         self.norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
         self.head = nn.Linear(cfg.embed_dim, out_channels * cfg.patch_size**2, bias=False)
@@ -293,6 +346,8 @@ def vit_flops_per_sample(
         mixer = afno_flops_per_token_grid(
             d, cfg.afno_num_blocks, (rows, cols), cfg.afno_hard_thresholding_fraction
         )
+    elif cfg.mixer == "sfno":
+        mixer = sfno_mixer_flops(d, cfg.sfno_num_blocks, (rows, cols))
     else:
         projections = 4 * (2 * n * d * d)
         attention = 2 * (2 * n * n * d)

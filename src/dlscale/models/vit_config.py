@@ -11,7 +11,7 @@ from dlscale.errors import InvalidValue
 # What mixes information between tokens in every block: the tutorial's global self-attention, or FourCastNet's
 # adaptive Fourier neural operator (dlscale.models.afno). A new mixer is one more name here and in the `mixer`
 # field's Literal, and one more branch in dlscale.models.vit.build_block.
-MIXERS = ("attention", "afno")
+MIXERS = ("attention", "afno", "sfno")
 
 
 @dataclass
@@ -34,20 +34,24 @@ class ViTConfig:
     qkv_bias: bool = True
     # epsilon of every LayerNorm
     norm_eps: float = 1e-6
-    # the token mixer of every block: attention (the tutorial's ViT) or afno (FourCastNet v1's AFNO filter)
-    mixer: Literal["attention", "afno"] = "attention"
+    # the token mixer of every block: attention (the tutorial's ViT), afno (FourCastNet v1's AFNO filter) or sfno
+    # (the spherical Fourier neural operator's convolution, on the patch grid's latitudes)
+    mixer: Literal["attention", "afno", "sfno"] = "attention"
     # afno: the channels split into this many blocks, each with its own complex 2-layer MLP (divides embed_dim)
     afno_num_blocks: int = 8
     # afno: soft shrinkage of the filtered spectrum's real and imaginary parts (0: none)
     afno_sparsity_threshold: float = 0.01
     # afno: the fraction of Fourier modes the filter acts on, selected as FourCastNet does, in (0, 1]
     afno_hard_thresholding_fraction: float = 1.0
+    # sfno: the channels split into this many blocks, each with its own complex matrix per degree (divides
+    # embed_dim; fewer blocks mean embed_dim^2 / sfno_num_blocks parameters per degree and block)
+    sfno_num_blocks: int = 8
 
     # Keys a resumed run may change: they do not change what the saved weights mean (see resume.py).
     RESUME_SAFE_KEYS: ClassVar[tuple[str, ...]] = ("dropout",)
 
     def __post_init__(self) -> None:
-        for name in ("embed_dim", "depth", "num_heads", "patch_size", "afno_num_blocks"):
+        for name in ("embed_dim", "depth", "num_heads", "patch_size", "afno_num_blocks", "sfno_num_blocks"):
             value = getattr(self, name)
             if value < 1:
                 raise InvalidValue(name, f"must be at least 1, got {value}")
@@ -89,13 +93,16 @@ class ViTConfig:
                 "afno_hard_thresholding_fraction",
                 f"must be in (0, 1], the fraction of Fourier modes the filter keeps, got {fraction}",
             )
-        if self.mixer == "afno" and self.embed_dim % self.afno_num_blocks != 0:
-            fitting = [d for d in range(1, self.embed_dim + 1) if self.embed_dim % d == 0 and d <= 64]
-            raise InvalidValue(
-                "afno_num_blocks",
-                f"{self.afno_num_blocks} blocks do not divide embed_dim {self.embed_dim} (each block is "
-                f"embed_dim / afno_num_blocks channels wide); use one of {fitting}",
-            )
+        for mixer in ("afno", "sfno"):
+            key = f"{mixer}_num_blocks"
+            blocks = getattr(self, key)
+            if self.mixer == mixer and self.embed_dim % blocks != 0:
+                fitting = [d for d in range(1, self.embed_dim + 1) if self.embed_dim % d == 0 and d <= 64]
+                raise InvalidValue(
+                    key,
+                    f"{blocks} blocks do not divide embed_dim {self.embed_dim} (each block is "
+                    f"embed_dim / {key} channels wide); use one of {fitting}",
+                )
 
     def check_parallel(self, tensor_parallel: int, context_parallel: int) -> None:
         """Refuse a tensor- or context-parallel layout the mixer has no form for: only attention has one

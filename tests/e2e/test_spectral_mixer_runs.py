@@ -1,6 +1,7 @@
-"""The AFNO mixer through dlscale's commands on the tiny ERA5 data: a short ``afno_tiny`` run trains, forecasts
-and exports (the .pt2 program runs in a Python without dlscale); ``dlscale plan`` plans it; the AFNO keys' wrong
-values and tensor/context parallelism are one line with exit status 2, before anything runs."""
+"""The AFNO and SFNO mixers through dlscale's commands on the tiny ERA5 data: a short ``afno_tiny`` and
+``sfno_tiny`` run each trains, forecasts and exports (the .pt2 program runs in a Python without dlscale);
+``dlscale plan`` plans them; their keys' wrong values and tensor/context parallelism are one line with exit status
+2, before anything runs."""
 
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
 SHORT = ("data.limit_nsamples=8", "data.limit_nsamples_val=4", "train.num_epochs=1")
 
 
-@pytest.fixture(scope="module")
-def afno_run(tiny_era5: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    expdir = tmp_path_factory.mktemp("afno_runs")
-    assert train(tiny_run_config(CONFIG, tiny_era5, expdir, *SHORT, name="afno_tiny")) == 0
-    return expdir / "afno_tiny" / "00"
+@pytest.fixture(scope="module", params=["afno", "sfno"])
+def spectral_run(request, tiny_era5: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    expdir = tmp_path_factory.mktemp(f"{request.param}_runs")
+    name = f"{request.param}_tiny"
+    assert train(tiny_run_config(CONFIG, tiny_era5, expdir, *SHORT, name=name)) == 0
+    return expdir / name / "00"
 
 
 # The exported program in a Python without dlscale (isolated mode, no site: only torch's directory is added).
@@ -47,9 +49,11 @@ print("ran without dlscale")
 """
 
 
-def test_an_afno_run_trains_forecasts_and_exports_a_program_that_runs_without_dlscale(afno_run, tmp_path):
+def test_a_run_trains_forecasts_and_exports_a_program_that_runs_without_dlscale(spectral_run, tmp_path):
+    afno_run = spectral_run  # afno or sfno
+    mixer = afno_run.parent.name.split("_")[0]
     log = (afno_run / "out.log").read_text()
-    assert "mixer afno" in log
+    assert f"mixer {mixer}" in log
     summary = json.loads((afno_run / "summary.json").read_text())
     assert summary["outcome"] == "finished" and np.isfinite(summary["history"][-1]["train_loss"])
 
@@ -62,7 +66,7 @@ def test_an_afno_run_trains_forecasts_and_exports_a_program_that_runs_without_dl
     assert main(["export", str(afno_run), "--out", str(out)]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["program"]["matches_model"] is True
-    cfg = load_run_config(afno_run / "config.yaml", "afno_tiny")
+    cfg = load_run_config(afno_run / "config.yaml", f"{mixer}_tiny")
     inputs = torch.stack([ERA5Dataset(cfg.data, "valid")[i][0] for i in range(3)])
     import dlscale
 
@@ -76,15 +80,19 @@ def test_an_afno_run_trains_forecasts_and_exports_a_program_that_runs_without_dl
     np.testing.assert_allclose(np.load(tmp_path / "outputs.npy"), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_plan_traces_an_afno_config_without_its_data_and_lists_no_model_parallel_layouts(tmp_path, capsys):
+@pytest.mark.parametrize("mixer", ["afno", "sfno"])
+def test_plan_traces_a_spectral_config_without_its_data_and_lists_no_model_parallel_layouts(
+    mixer, tmp_path, capsys
+):
     settings = ["--set", f"data.root={tmp_path / 'absent'}", "--set", f"log.expdir={tmp_path}"]
     assert (
-        main(["plan", "--yaml_config", str(CONFIG), "--config", "afno_tiny", "--gpus", "2", *settings]) == 0
+        main(["plan", "--yaml_config", str(CONFIG), "--config", f"{mixer}_tiny", "--gpus", "2", *settings])
+        == 0
     )
     out = capsys.readouterr().out
     assert "one sample is input float32 (20, 16, 32), target float32 (20, 16, 32)" in out
     assert "DDP dp=2" in out and "FSDP2 dp=2" in out
-    assert "model.mixer 'afno' has no tensor/context-parallel form" in out
+    assert f"model.mixer '{mixer}' has no tensor/context-parallel form" in out
 
 
 @pytest.mark.parametrize(
@@ -105,13 +113,30 @@ def test_plan_traces_an_afno_config_without_its_data_and_lists_no_model_parallel
         ("model.afno_num_blocks=5", "model.afno_num_blocks: 5 blocks do not divide embed_dim 32"),
         ("model.afno_num_blocks=0", "model.afno_num_blocks: must be at least 1"),
         ("model.afno_sparsity_threshold=-0.1", "model.afno_sparsity_threshold: must be a finite number >= 0"),
-        ("model.mixer=fno", "'fno' is not one of attention, afno"),
+        ("model.mixer=fno", "'fno' is not one of attention, afno, sfno"),
         ("parallel.tensor_parallel=2", "parallel.tensor_parallel: 2 with model.mixer 'afno'"),
         ("parallel.context_parallel=4", "parallel.context_parallel: 4 with model.mixer 'afno'"),
     ],
 )
 def test_wrong_afno_settings_are_one_line_before_anything_runs(setting, message, tmp_path, capsys):
-    argv = ["train", "--yaml_config", str(CONFIG), "--config", "afno_tiny", "--set", f"log.expdir={tmp_path}"]
+    assert_refused("afno_tiny", setting, message, tmp_path, capsys)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("model.sfno_num_blocks=5", "model.sfno_num_blocks: 5 blocks do not divide embed_dim 32"),
+        ("model.sfno_num_blocks=0", "model.sfno_num_blocks: must be at least 1"),
+        ("parallel.tensor_parallel=2", "parallel.tensor_parallel: 2 with model.mixer 'sfno'"),
+        ("parallel.context_parallel=2", "parallel.context_parallel: 2 with model.mixer 'sfno'"),
+    ],
+)
+def test_wrong_sfno_settings_are_one_line_before_anything_runs(setting, message, tmp_path, capsys):
+    assert_refused("sfno_tiny", setting, message, tmp_path, capsys)
+
+
+def assert_refused(config: str, setting: str, message: str, tmp_path: Path, capsys) -> None:
+    argv = ["train", "--yaml_config", str(CONFIG), "--config", config, "--set", f"log.expdir={tmp_path}"]
     assert main([*argv, "--set", setting]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dlscale: error: ") and err.count("\n") == 1 and message in err, err
