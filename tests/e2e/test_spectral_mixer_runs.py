@@ -1,5 +1,6 @@
 """The AFNO and SFNO mixers through dlscale's commands on the tiny ERA5 data: a short ``afno_tiny`` and
-``sfno_tiny`` run each trains, forecasts and exports (the .pt2 program runs in a Python without dlscale);
+``sfno_tiny`` run each (with dropout) trains, forecasts and exports (the .pt2 program runs in a Python without
+dlscale), evaluates, forecasts an ensemble of dropout members that ``dlscale score`` scores from its file;
 ``dlscale plan`` plans them; their keys' wrong values and tensor/context parallelism are one line with exit status
 2, before anything runs."""
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 from run_configs import tiny_run_config
 
+import dlscale
 from dlscale.cli import main
 from dlscale.config import load_run_config
 from dlscale.data.era5.dataset import ERA5Dataset
@@ -22,8 +24,9 @@ from dlscale.errors import ConfigError
 from dlscale.run.training import train
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "vit_era5.yaml"
-# One epoch of 2 steps: the commands, not the training, are under test.
-SHORT = ("data.limit_nsamples=8", "data.limit_nsamples_val=4", "train.num_epochs=1")
+# One epoch of 2 steps: the commands, not the training, are under test. Dropout (in the blocks' MLPs, and
+# drop-path), so that the forecast's ensemble has dropout members.
+SHORT = ("data.limit_nsamples=8", "data.limit_nsamples_val=4", "train.num_epochs=1", "model.dropout=0.2")
 
 
 @pytest.fixture(scope="module", params=["afno", "sfno"])
@@ -68,8 +71,6 @@ def test_a_run_trains_forecasts_and_exports_a_program_that_runs_without_dlscale(
     assert manifest["program"]["matches_model"] is True
     cfg = load_run_config(afno_run / "config.yaml", f"{mixer}_tiny")
     inputs = torch.stack([ERA5Dataset(cfg.data, "valid")[i][0] for i in range(3)])
-    import dlscale
-
     with torch.no_grad():
         expected = dlscale.load_model(out).model(inputs).numpy()
     np.save(tmp_path / "inputs.npy", inputs.numpy())
@@ -78,6 +79,36 @@ def test_a_run_trains_forecasts_and_exports_a_program_that_runs_without_dlscale(
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "ran without dlscale" in done.stdout, done.stderr[-3000:]
     np.testing.assert_allclose(np.load(tmp_path / "outputs.npy"), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_run_evaluates_and_its_dropout_ensemble_is_forecast_written_and_scored(spectral_run, tiny_era5):
+    final = json.loads((spectral_run / "summary.json").read_text())["final"]
+    # the valid split and the last checkpoint: the run's last validation
+    evaluated = dlscale.evaluate(spectral_run)
+    assert evaluated["loss"] == pytest.approx(final["val_loss"], rel=1e-6)
+    assert evaluated["metrics"] == pytest.approx(final["metrics"], rel=1e-6)
+
+    short = {"lead": "12h", "init_count": 2, "figures": False}
+    deterministic = dlscale.forecast(spectral_run, **short)
+    ensemble = dlscale.forecast(spectral_run, **short, members=3, perturb="dropout", write="zarr")
+    assert ensemble["members"] == 3 and "dropout kept on" in ensemble["ensemble"]["perturbation"]
+    # member 0, the control, keeps dropout off: the deterministic forecast to the bit, in a batch of its own size
+    assert ensemble["scores"]["model"] == deterministic["scores"]["model"]
+    spread = ensemble["ensemble"]["spread"]["t2m"]
+    assert spread[0] < 1e-4 and spread[1] > 1e3 * spread[0]  # the members differ from the first step on
+
+    directory = Path(ensemble["output_dir"])
+    assert main(["score", str(directory / "forecast.zarr"), "--truth", str(tiny_era5), "--no-figures"]) == 0
+    scored = json.loads((directory / "score-forecast" / "scores.json").read_text())
+    assert scored["forecasters"][:2] == ["model", "ensemble"] and scored["ensemble"]["members"] == 3
+    for forecaster in ("model", "ensemble", "persistence"):
+        for channel in ensemble["channels"]:
+            # lead 1 on: the file starts at the first step; float32 fields, to their precision
+            got, expected = (doc["scores"][forecaster]["rmse"][channel][1:] for doc in (scored, ensemble))
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7, err_msg=f"{forecaster} {channel}")
+    for channel in ensemble["channels"]:
+        got, expected = (doc["ensemble"]["crps"][channel][1:] for doc in (scored, ensemble))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7, err_msg=f"crps {channel}")
 
 
 @pytest.mark.parametrize("mixer", ["afno", "sfno"])

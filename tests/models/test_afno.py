@@ -164,6 +164,20 @@ def test_the_ffts_run_in_float32_under_bf16_autocast_and_the_output_keeps_the_in
     torch.testing.assert_close(full, reference, rtol=3e-2, atol=3e-2)  # the matmuls ran in bf16
 
 
+def test_a_sample_alone_gives_the_bits_it_gives_in_a_batch():
+    # A forecast's batch size (an ensemble's is the run's batch divided by its members) must not change its
+    # numbers: the ensemble's control is the deterministic forecast to the bit. Grids and widths where the
+    # CPU's FFT over the middle axes of (B, h, w, D) tokens rounded one sample differently from several.
+    generator = torch.Generator().manual_seed(8)
+    for grid, dim in (((4, 8), 32), ((8, 16), 128), ((45, 90), 32)):
+        mixer = filter_with_weights(dim, blocks=4, threshold=0.01, fraction=1.0)
+        x = torch.randn(3, *grid, dim, generator=generator)
+        with torch.no_grad():
+            batched = mixer(x)
+            for k in range(3):
+                assert torch.equal(mixer(x[k : k + 1]), batched[k : k + 1]), (grid, dim, k)
+
+
 def test_the_afno_vit_trains_under_bf16_autocast_close_to_float32():
     torch.manual_seed(0)
     model = VisionTransformer(afno_cfg(), TINY_IMG, 20, 20)

@@ -140,9 +140,13 @@ class AFNO2D(nn.Module):
         # The FFTs run in float32, under autocast too: cuFFT has no bf16 transforms and takes fp16 ones only
         # for power-of-2 sizes (the 0.25-degree token grid is 90 x 180), and half precision would lose the
         # small modes the filter shrinks. FFTs are on no autocast list, so float32 inputs keep them in float32.
-        spectrum = torch.fft.rfft2(x.float(), dim=(1, 2), norm="ortho")
-        filtered = self.filter_spectrum(spectrum)
-        mixed = torch.fft.irfft2(filtered, s=(rows, columns), dim=(1, 2), norm="ortho")
+        # They transform contiguous (B, D, h, w) planes: over the middle axes of the (B, h, w, D) tokens, the
+        # CPU's FFT rounds a batch of one sample differently from a larger batch, so a forecast's bits would
+        # depend on its batch size (an ensemble's control would not be the deterministic forecast).
+        planes = x.float().permute(0, 3, 1, 2).contiguous()
+        spectrum = torch.fft.rfft2(planes, norm="ortho").permute(0, 2, 3, 1)
+        filtered = self.filter_spectrum(spectrum).permute(0, 3, 1, 2).contiguous()
+        mixed = torch.fft.irfft2(filtered, s=(rows, columns), norm="ortho").permute(0, 2, 3, 1)
         return mixed.to(dtype) + x
 
 

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from dlscale.errors import InvalidValue
+from dlscale.models.drop_path import DropPath
 from dlscale.models.spherical_harmonics import (
     InverseSphericalHarmonicTransform,
     SphericalHarmonicTransform,
@@ -141,8 +142,6 @@ class SFNOBlock(nn.Module):
         normalization: str = "instance_norm",
     ):
         super().__init__()
-        # Late import: vit.py may build these blocks, and DropPath lives there.
-        from dlscale.models.vit import DropPath
 
         if normalization not in ("instance_norm", "none"):
             raise InvalidValue("normalization", f"{normalization!r} is not one of instance_norm, none")
