@@ -454,6 +454,32 @@ def test_shipped_model_parallel_configs():
     assert patch4.model.patch_size == 4 and patch4.model.embed_dim == 1024
 
 
+@pytest.mark.parametrize(
+    ("name", "parent"), [("afno_short", "short"), ("afno_demo", "demo"), ("afno_tiny", "tiny")]
+)
+def test_the_afno_configs_are_their_parents_with_the_afno_mixer(name, parent):
+    afno, original = load_shipped(name), load_shipped(parent)
+    assert afno.model.mixer == "afno" and original.model.mixer == "attention"
+    assert afno.model == dataclasses.replace(original.model, mixer="afno")
+    assert afno.to_dict() | {"model": None} == original.to_dict() | {"model": None}
+
+
+def test_afno_full_is_fourcastnets_quarter_degree_model():
+    cfg = load_shipped("afno_full")
+    model = cfg.model
+    assert (model.mixer, model.embed_dim, model.depth, model.patch_size, model.mlp_ratio) == (
+        "afno",
+        768,
+        12,
+        8,
+        4,
+    )
+    assert (model.afno_num_blocks, model.afno_sparsity_threshold, model.afno_hard_thresholding_fraction) == (
+        8, 0.01, 1.0,
+    )  # fmt: skip
+    assert cfg.data.img_size == (720, 1440) and (cfg.data.n_in_channels, cfg.data.n_out_channels) == (20, 20)
+
+
 @pytest.mark.parametrize(("name", "root"), [("demo", "data/era5_demo"), ("tiny", "data/era5_tiny")])
 def test_shipped_cpu_configs_use_the_synthetic_data(monkeypatch, name, root):
     monkeypatch.setenv("DLSCALE_ERA5_DATA", "/scratch/sc23_data")

@@ -1,4 +1,5 @@
-"""`dlscale tune` end to end on the tiny config: the climb, its outputs, the tuned config trains, resume."""
+"""`dlscale tune` end to end on the tiny config: the climb, its outputs, the tuned config trains, resume; what a
+tune runs (numerics checks, the memory bound) on the AFNO and SFNO mixers."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ import yaml
 from dlscale.cli import main
 from dlscale.config import load_run_config
 from dlscale.config.run_config import SECTION_ORDER
+from dlscale.report.summary import RunSummary
+from dlscale.runtime.device import Device
+from dlscale.runtime.launch import detect_process
+from dlscale.tuning.knobs import BATCH_KEY
+from dlscale.tuning.run_backend import ConfigSource, RunBackend, TrialLengths
+from dlscale.tuning.settings import read_settings
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_FILE = REPO / "configs" / "vit_era5.yaml"
@@ -147,3 +154,29 @@ def test_an_unwritable_output_is_a_storage_error_before_any_trial(tiny_era5, tmp
 def test_skip_names_a_tunable_setting(tiny_era5, tmp_path, capsys):
     assert _tune(tiny_era5, tmp_path / "t.yaml", "--skip", "num_iters") == 2
     assert "no setting the tune changes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mixer", ["afno", "sfno"])
+def test_the_tunes_numerics_checks_and_memory_bound_run_on_a_spectral_mixer(
+    mixer, tiny_era5, tmp_path, monkeypatch
+):
+    """What a tune runs of a config, on the ViT with ``model.mixer`` afno and sfno: the numerics check of a setting
+    that changes the numbers (bf16) beside the start's, and the memory planner's bound on the local batch. Its
+    throughput trials are `dlscale bench`'s (tests/perf/bench/test_bench.py runs them on both mixers); the climb
+    around them sees only their results (tests/tuning/test_tune_climb.py)."""
+    # (the end-of-run figures of each check are not under test: a second each)
+    monkeypatch.setattr(RunSummary, "_write_figures", lambda self, trainer: [])
+    source = ConfigSource(str(CONFIG_FILE), f"{mixer}_tiny", (f"data.root={tiny_era5}",), {})
+    start = source.load({"loader.num_data_workers": 0})
+    process = detect_process()
+    backend = RunBackend(source, start, tmp_path, TrialLengths(check_steps=2), process, Device.select(0), 1)
+    settings = read_settings(start, 1)
+    start_check = backend.check_numerics(settings)
+    bf16 = backend.check_numerics({**settings, "train.amp_mode": "bf16"})
+    assert start_check.status == bf16.status == "ok" and start_check.steps == bf16.steps == 2
+    assert bf16.loss != start_check.loss and bf16.loss == pytest.approx(start_check.loss, rel=0.05)
+    logs = list((tmp_path / "checks" / f"{mixer}_tiny").glob("*/out.log"))
+    assert len(logs) == 2 and all(f"mixer {mixer}" in log.read_text() for log in logs)
+    assert backend.memory_problem(settings) is None
+    # the traced plan of a batch far too large for this machine's memory
+    assert "GB" in backend.memory_problem({**settings, BATCH_KEY: 10**7})

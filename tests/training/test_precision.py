@@ -1,4 +1,5 @@
-"""The compute switches: AMP (bf16/fp16 with the grad scaler), torch.compile, CUDA graphs, resume flags."""
+"""The compute switches: AMP (bf16/fp16 with the grad scaler), torch.compile, CUDA graphs, resume flags; AMP and
+torch.compile for each of the ViT's token mixers (attention, AFNO, SFNO)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from dlscale.checkpoint.resume import load_optimizer_state
+from dlscale.data.era5.coordinates import formula_latitudes
 from dlscale.models.vit import VisionTransformer
 from dlscale.models.vit_config import ViTConfig
 from dlscale.runtime.device import Device
@@ -21,10 +23,17 @@ CPU = Device("cpu")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def tiny_vit(seed: int = 0, device: str = "cpu") -> VisionTransformer:
+# The ViT's token mixers (model.mixer): each trains under AMP and torch.compile as attention does.
+MIXERS = ("attention", "afno", "sfno")
+
+
+def tiny_vit(
+    seed: int = 0, device: str = "cpu", mixer: str = "attention", depth: int = 2
+) -> VisionTransformer:
     torch.manual_seed(seed)
-    cfg = ViTConfig(patch_size=4, embed_dim=32, depth=2, num_heads=4)
-    return VisionTransformer(cfg, (16, 32), 20, 20).to(device)
+    cfg = ViTConfig(patch_size=4, embed_dim=32, depth=depth, num_heads=4, mixer=mixer)
+    # SFNO's transform on the 16 rows the tiny ERA5 data has (the pole-to-pole grid of 17 without its last row)
+    return VisionTransformer(cfg, (16, 32), 20, 20, formula_latitudes(17)[:16]).to(device)
 
 
 def batch(seed: int = 1, size: int = 2, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,8 +52,9 @@ def make_step(model, amp_mode="none", device=CPU, forward=None, step_class=Train
     )
 
 
-def test_bf16_autocast_runs_the_model_in_bf16_but_keeps_fp32_weights_and_loss():
-    model = tiny_vit()
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_bf16_autocast_runs_the_model_in_bf16_but_keeps_fp32_weights_and_loss(mixer):
+    model = tiny_vit(mixer=mixer)
     seen = []
     model.blocks[0].mlp.fc1.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
     step = make_step(model, "bf16")
@@ -56,13 +66,14 @@ def test_bf16_autocast_runs_the_model_in_bf16_but_keeps_fp32_weights_and_loss():
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
     assert step.precision.scaler is None  # bf16 needs no loss scaling
 
-    reference = make_step(tiny_vit(), "none")(*batch(), global_step=0)
+    reference = make_step(tiny_vit(mixer=mixer), "none")(*batch(), global_step=0)
     assert loss.item() == pytest.approx(reference.item(), rel=2e-2)  # bf16 keeps 8 bits of mantissa
     assert loss.item() != reference.item()  # ... so it really computed in bf16
 
 
-def test_fp16_scales_the_loss_and_unscales_gradients_before_the_update():
-    fp16 = make_step(tiny_vit(), "fp16")
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_fp16_scales_the_loss_and_unscales_gradients_before_the_update(mixer):
+    fp16 = make_step(tiny_vit(mixer=mixer), "fp16")
     assert fp16.precision.scaler is not None
     inputs, targets = batch()
     fp16.optimizer.zero_grad()
@@ -74,7 +85,7 @@ def test_fp16_scales_the_loss_and_unscales_gradients_before_the_update():
     unscaled = torch.cat([p.grad.flatten().float() for p in fp16.model.parameters()])
     torch.testing.assert_close(unscaled * scale, scaled, rtol=1e-5, atol=0)
 
-    fp32 = make_step(tiny_vit(), "none")
+    fp32 = make_step(tiny_vit(mixer=mixer), "none")
     fp32.forward_backward(inputs, targets)
     reference = torch.cat([p.grad.flatten() for p in fp32.model.parameters()])
     cosine = torch.nn.functional.cosine_similarity(unscaled, reference, dim=0)
@@ -120,12 +131,15 @@ def test_inference_under_amp_returns_fp32_predictions():
 COMPILE_BACKEND = "aot_eager"
 
 
-def test_compiled_model_trains_like_the_eager_model():
+# AFNO's compiled training is tests/models/test_afno.py::test_torch_compile_trains_the_afno_vit_as_eager_does.
+# SFNO's has one block: every block compiles alike, and one takes half the time of two.
+@pytest.mark.parametrize(("mixer", "depth"), [("attention", 2), ("sfno", 1)])
+def test_compiled_model_trains_like_the_eager_model(mixer, depth):
     torch._dynamo.reset()
     from torch._dynamo.utils import counters
 
     counters.clear()
-    eager_model, compiled_model = tiny_vit(), tiny_vit()
+    eager_model, compiled_model = tiny_vit(mixer=mixer, depth=depth), tiny_vit(mixer=mixer, depth=depth)
     eager = make_step(eager_model)
     compiled = make_step(compiled_model, forward=torch.compile(compiled_model, backend=COMPILE_BACKEND))
     for global_step in range(2):
@@ -134,6 +148,7 @@ def test_compiled_model_trains_like_the_eager_model():
         actual = compiled(inputs, targets, global_step)
         assert actual.item() == pytest.approx(expected.item(), rel=1e-4)
     assert counters["stats"]["unique_graphs"] >= 1  # dynamo really captured and compiled the model
+    assert not counters["graph_break"]  # in one piece: no op of the mixer (FFTs, complex tensors) left out
     for a, b in zip(eager_model.parameters(), compiled_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 

@@ -5,14 +5,15 @@
     dlscale plan --config mp --gpus 64 --set parallel.tensor_parallel=4 --set parallel.context_parallel=2 \
         --check_layout [--rank 5]      # build one rank of that layout on a fake process group
 
-The ViT has an analytic cost model, its declared parallel plan: every layout with dp * tp * cp == GPUs is
-estimated (the formulas are in :mod:`dlscale.perf.plan.layout_cost`, how they compare with measurements in
-:mod:`dlscale.perf.plan.layouts` and benchmarks/plan_vs_measured.py): those that fit come first, least traffic
+The attention ViT has an analytic cost model, its declared parallel plan: every layout with dp * tp * cp ==
+GPUs is estimated (the formulas are in :mod:`dlscale.perf.plan.layout_cost`, how they compare with measurements
+in :mod:`dlscale.perf.plan.layouts` and benchmarks/plan_vs_measured.py): those that fit come first, least traffic
 per step first, then those that do not fit, then those the model cannot be split into, each with its reason.
 
-Every other workload is planned from a trace of its training step on fake tensors
-(:mod:`dlscale.perf.plan.traced_plan`): DDP and FSDP2 over the N GPUs, at the config's batch size, precision and
-optimizer; it reads one sample of its training data for the shapes. Nothing runs on a GPU, and nothing of the
+Every other workload, and the ViT with another mixer (``model.mixer: afno``), is planned from a trace of its
+training step on fake tensors (:mod:`dlscale.perf.plan.traced_plan`): DDP and FSDP2 over the N GPUs, at the
+config's batch size, precision and optimizer; the ViT's sample shapes come from its config, any other
+workload's from one sample of its training data. Nothing runs on a GPU, and nothing of the
 model's size is allocated.
 """
 
@@ -66,7 +67,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.yaml_config, args.config, args.set, {})
     if args.check_layout:
         return run_layout_check(args, cfg)
-    if not isinstance(cfg.model, ViTConfig):
+    # The analytic cost model is the attention ViT's; other mixers are planned from a trace of their step.
+    if not isinstance(cfg.model, ViTConfig) or cfg.model.mixer != "attention":
         return run_traced_plan(args, cfg)
     from dlscale.perf.plan.layout_cost import TrainingSettings
     from dlscale.perf.plan.layouts import model_shape_of, plan
@@ -137,6 +139,9 @@ def run_layout_check(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 def model_parallel_line(workload: Workload, cfg: RunConfig) -> str:
     """Why the traced plan lists no tensor/context-parallel layouts."""
+    mixer = getattr(cfg.model, "mixer", "attention")
+    if mixer != "attention":
+        return f"tp/cp layouts are not listed: model.mixer {mixer!r} has no tensor/context-parallel form."
     declared = getattr(type(workload), "parallelize", Workload.parallelize) is not Workload.parallelize
     start = f"tp/cp layouts are not listed: workload {cfg.workload!r} declares"
     line = (

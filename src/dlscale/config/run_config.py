@@ -36,7 +36,7 @@ from dlscale.config.yaml_source import (
     resolve_section,
 )
 from dlscale.data.loading.loader_config import LoaderConfig
-from dlscale.errors import ConfigError, config_location, did_you_mean
+from dlscale.errors import ConfigError, InvalidValue, config_location, did_you_mean
 from dlscale.parallel.parallel_config import ParallelConfig
 from dlscale.perf.bench.config import BenchConfig
 from dlscale.perf.monitor.config import MonitorConfig
@@ -206,9 +206,22 @@ def _run_config(
         where += " with command-line overrides"
 
     built = {name: build_section(cls, nested.get(name, {}), where, name) for name, cls in sections.items()}
+    _check_model_layout(built["model"], built["parallel"], where)
     return RunConfig(
         name=config_name, source=str(yaml_path), workload=workload, overrides=tuple(applied), **built
     )
+
+
+def _check_model_layout(model: Any, parallel: ParallelConfig, where: str) -> None:
+    """A model section with a ``check_parallel(tensor_parallel, context_parallel)`` method refuses the layouts it
+    has no form for (the ViT's AFNO mixer: no tp, no cp) here, when the config is read, before anything runs."""
+    check = getattr(model, "check_parallel", None)
+    if not callable(check):
+        return
+    try:
+        check(parallel.tensor_parallel, parallel.context_parallel)
+    except InvalidValue as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _nest_flat_keys(

@@ -5,15 +5,27 @@ and its parameter counts hold (23,832,960 for `base`). The module is plain singl
 tensor and context parallelism are applied from outside by swapping or wrapping the `nn.Linear`
 layers (`q`, `k`, `v`, `proj`, `fc1`, `fc2`) and by splitting the token sequence between
 `VisionTransformer.tokens` and the final `norm`.
+
+``model.mixer: afno`` replaces every attention block by FourCastNet's AFNO block (:class:`AFNOBlock`, its filter
+in :mod:`dlscale.models.afno`), ``model.mixer: sfno`` by the same block with the SFNO's spherical convolution
+as its filter (:class:`dlscale.models.sfno.SFNOMixer`, on the latitudes of the patch centres); the patch
+embedding, positional embedding, head and unpatchify stay. Such a model has no tensor- or context-parallel form
+(the config refuses one).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dlscale.errors import InvalidValue
+from dlscale.models.afno import AFNO2D, afno_flops_per_token_grid, check_kept_modes
+from dlscale.models.drop_path import DropPath, drop_path_rates
+from dlscale.models.sfno import SFNOMixer, sfno_mixer_flops
 from dlscale.models.vit_config import ViTConfig
 
 # The reference initialises every Linear weight and the positional embedding with this std.
@@ -38,36 +50,6 @@ def token_grid(img_size: tuple[int, int], patch_size: int) -> tuple[int, int]:
             "pick a patch size that divides both sides or crop the image",
         )
     return height // patch_size, width // patch_size
-
-
-def drop_path_rates(max_rate: float, depth: int) -> list[float]:
-    """Stochastic-depth schedule: the rate grows linearly from 0 (first block) to `max_rate` (last)."""
-    if depth == 1:
-        return [0.0]
-    return [max_rate * i / (depth - 1) for i in range(depth)]
-
-
-class DropPath(nn.Module):
-    """Stochastic depth: in training, zero a residual branch for a random subset of samples.
-
-    Surviving samples are scaled by 1 / (1 - rate) so the expected output is unchanged; in eval this is
-    the identity.
-    """
-
-    def __init__(self, rate: float):
-        super().__init__()
-        self.rate = rate
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.rate == 0.0 or not self.training:
-            return x
-        keep = 1.0 - self.rate
-        # One draw per sample, broadcast over every other dimension.
-        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
-        return x * mask / keep
-
-    def extra_repr(self) -> str:
-        return f"rate={self.rate:g}"
 
 
 class PatchEmbed(nn.Module):
@@ -154,6 +136,72 @@ class Block(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
+class AFNOBlock(nn.Module):
+    """FourCastNet v1's block (NVlabs/FourCastNet ``networks/afnonet.py``, ``double_skip=True``) on (B, N, D)
+    tokens of an h x w grid:
+
+        y = filter(norm1(x)) + x           # the filter adds its own input too: y = norm1(x) + AFNO(...) + x
+        out = y + drop_path(mlp(norm2(y)))
+
+    The filter (:class:`dlscale.models.afno.AFNO2D`) sees the tokens as their (B, h, w, D) grid. Unlike the
+    attention block, drop-path acts on the MLP branch only, as in the reference.
+    """
+
+    def __init__(
+        self,
+        cfg: ViTConfig,
+        drop_path_rate: float,
+        grid_size: tuple[int, int],
+        filter_module: nn.Module | None = None,
+    ):
+        super().__init__()
+        dim = cfg.embed_dim
+        self.grid_size = grid_size
+        self.norm1 = nn.LayerNorm(dim, eps=cfg.norm_eps)
+        # AFNO's filter, or another on the same (B, h, w, D) grid that adds its own input (SFNO's)
+        self.filter = filter_module or AFNO2D(
+            dim, cfg.afno_num_blocks, cfg.afno_sparsity_threshold, cfg.afno_hard_thresholding_fraction
+        )
+        self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=cfg.norm_eps)
+        self.mlp = Mlp(dim, cfg.mlp_hidden_dim, cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, dim = x.shape
+        grid = self.filter(self.norm1(x).reshape(batch, *self.grid_size, dim))
+        x = grid.reshape(batch, tokens, dim) + x  # the double skip
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+def build_block(
+    cfg: ViTConfig,
+    drop_path_rate: float,
+    grid_size: tuple[int, int],
+    token_latitudes: np.ndarray | None = None,
+) -> nn.Module:
+    """The block of ``cfg.mixer`` for tokens of a grid_size (h, w) grid: :class:`Block` (attention) or
+    :class:`AFNOBlock` with AFNO's filter (afno) or SFNO's on the rows' ``token_latitudes`` (sfno)."""
+    if cfg.mixer == "afno":
+        check_kept_modes(grid_size, cfg.afno_hard_thresholding_fraction)
+        return AFNOBlock(cfg, drop_path_rate, grid_size)
+    if cfg.mixer == "sfno":
+        mixer = SFNOMixer(
+            token_latitudes, grid_size[1], cfg.embed_dim, cfg.sfno_num_blocks,
+            key="model.mixer sfno: the latitudes of the patch rows (data.img_size / model.patch_size)",
+            blocks_key="model.sfno_num_blocks",
+        )  # fmt: skip
+        return AFNOBlock(cfg, drop_path_rate, grid_size, mixer)
+    return Block(cfg, drop_path_rate)
+
+
+def patch_row_latitudes(latitudes: Sequence[float], patch_size: int) -> np.ndarray:
+    """The latitude of each row of patch tokens: the mean of its ``patch_size`` image rows' latitudes (degrees)."""
+    rows = np.asarray(latitudes, dtype=np.float64)
+    if rows.size % patch_size:
+        raise InvalidValue("patch_size", f"{patch_size} does not divide the {rows.size} image rows")
+    return rows.reshape(-1, patch_size).mean(axis=1)
+
+
 class VisionTransformer(nn.Module):
     """ViT mapping (B, in_channels, H, W) fields to (B, out_channels, H, W) fields.
 
@@ -161,7 +209,15 @@ class VisionTransformer(nn.Module):
     context-parallel wrapper can split the sequence after `tokens` and gather it before `head`.
     """
 
-    def __init__(self, cfg: ViTConfig, img_size: tuple[int, int], in_channels: int, out_channels: int):
+    def __init__(
+        self,
+        cfg: ViTConfig,
+        img_size: tuple[int, int],
+        in_channels: int,
+        out_channels: int,
+        latitudes: Sequence[float] | None = None,
+    ):
+        """``latitudes``: of the image's rows, in degrees (the SFNO mixer's grid; the other mixers ignore them)."""
         super().__init__()
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
             if value < 1:
@@ -173,12 +229,25 @@ class VisionTransformer(nn.Module):
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.embed_dim = cfg.embed_dim
+        self.mixer = cfg.mixer
+        token_latitudes = None
+        if cfg.mixer == "sfno":
+            if latitudes is None or len(latitudes) != self.img_size[0]:
+                raise InvalidValue(
+                    "model.mixer",
+                    f"sfno needs the latitudes of the image's {self.img_size[0]} rows, got "
+                    f"{'none' if latitudes is None else len(latitudes)}",
+                )
+            token_latitudes = patch_row_latitudes(latitudes, cfg.patch_size)
 
         self.patch_embed = PatchEmbed(in_channels, cfg.embed_dim, cfg.patch_size)
         self.pos_embed = nn.Parameter(torch.empty(1, self.num_tokens, cfg.embed_dim))
         self.pos_drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.Sequential(
-            *(Block(cfg, rate) for rate in drop_path_rates(cfg.dropout, cfg.depth)),
+            *(
+                build_block(cfg, rate, self.grid_size, token_latitudes)
+                for rate in drop_path_rates(cfg.dropout, cfg.depth)
+            ),
         )
         self.norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
         self.head = nn.Linear(cfg.embed_dim, out_channels * cfg.patch_size**2, bias=False)
@@ -187,7 +256,8 @@ class VisionTransformer(nn.Module):
     def reset_parameters(self) -> None:
         """Reference init: trunc-normal(0.02) Linear weights and pos_embed, zero biases, unit LayerNorms.
 
-        The patch-embedding convolution keeps PyTorch's default init, as in the reference.
+        The patch-embedding convolution keeps PyTorch's default init, as in the reference; the AFNO filters
+        keep their own (N(0, 0.02^2) weights and biases, :meth:`dlscale.models.afno.AFNO2D.reset_parameters`).
         """
         nn.init.trunc_normal_(self.pos_embed, std=INIT_STD)
         for module in self.modules():
@@ -229,17 +299,28 @@ class VisionTransformer(nn.Module):
 def vit_flops_per_sample(
     cfg: ViTConfig, img_size: tuple[int, int], in_channels: int, out_channels: int
 ) -> int:
-    """Analytic forward FLOPs of one sample: matmuls (2*m*n*k) and attention, nothing else.
+    """Analytic forward FLOPs of one sample: matmuls (2*m*n*k), attention and AFNO's FFTs, nothing else.
 
-    Counts the patch embedding as a matmul, q/k/v/proj, fc1/fc2, the head, and per block
-    QK^T plus AV (2 * 2 * N^2 * D). Norms, activations, softmax and additions are left out, as they are
-    small and run off the matrix units. A training step is about three times this.
+    Counts the patch embedding as a matmul, fc1/fc2, the head, and per block the mixer: for attention
+    q/k/v/proj and QK^T plus AV (2 * 2 * N^2 * D); for afno the filter's two block-diagonal complex matmuls
+    over the kept modes (four real matmuls each) and its forward and inverse FFT, each counted as
+    5 * N log2(N) per channel (:func:`dlscale.models.afno.afno_flops_per_token_grid`), so MFU counts the FFTs.
+    Norms, activations, softmax, shrinkage and additions are left out, as they are small and run off the
+    matrix units. A training step is about three times this.
     """
     rows, cols = token_grid(img_size, cfg.patch_size)
     n, d, p = rows * cols, cfg.embed_dim, cfg.patch_size
     patch_embed = 2 * n * (in_channels * p * p) * d
-    projections = 4 * (2 * n * d * d)
     mlp = 2 * (2 * n * d * cfg.mlp_hidden_dim)
-    attention = 2 * (2 * n * n * d)
     head = 2 * n * d * (out_channels * p * p)
-    return patch_embed + cfg.depth * (projections + mlp + attention) + head
+    if cfg.mixer == "afno":
+        mixer = afno_flops_per_token_grid(
+            d, cfg.afno_num_blocks, (rows, cols), cfg.afno_hard_thresholding_fraction
+        )
+    elif cfg.mixer == "sfno":
+        mixer = sfno_mixer_flops(d, cfg.sfno_num_blocks, (rows, cols))
+    else:
+        projections = 4 * (2 * n * d * d)
+        attention = 2 * (2 * n * n * d)
+        mixer = projections + attention
+    return patch_embed + cfg.depth * (mixer + mlp) + head

@@ -1,12 +1,17 @@
-"""The ViT's ``model:`` config section: its shape, independent of the data (no torch)."""
+"""The ViT's ``model:`` config section: its shape and token mixer, independent of the data (no torch)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from dlscale.errors import InvalidValue
+
+# What mixes information between tokens in every block: the tutorial's global self-attention, or FourCastNet's
+# adaptive Fourier neural operator (dlscale.models.afno). A new mixer is one more name here and in the `mixer`
+# field's Literal, and one more branch in dlscale.models.vit.build_block.
+MIXERS = ("attention", "afno", "sfno")
 
 
 @dataclass
@@ -29,16 +34,31 @@ class ViTConfig:
     qkv_bias: bool = True
     # epsilon of every LayerNorm
     norm_eps: float = 1e-6
+    # the token mixer of every block: attention (the tutorial's ViT), afno (FourCastNet v1's AFNO filter) or sfno
+    # (the spherical Fourier neural operator's convolution, on the patch grid's latitudes)
+    mixer: Literal["attention", "afno", "sfno"] = "attention"
+    # afno: the channels split into this many blocks, each with its own complex 2-layer MLP (divides embed_dim)
+    afno_num_blocks: int = 8
+    # afno: soft shrinkage of the filtered spectrum's real and imaginary parts (0: none)
+    afno_sparsity_threshold: float = 0.01
+    # afno: the fraction of Fourier modes the filter acts on, selected as FourCastNet does, in (0, 1]
+    afno_hard_thresholding_fraction: float = 1.0
+    # sfno: the channels split into this many blocks, each with its own complex matrix per degree (divides
+    # embed_dim; fewer blocks mean embed_dim^2 / sfno_num_blocks parameters per degree and block)
+    sfno_num_blocks: int = 8
 
     # Keys a resumed run may change: they do not change what the saved weights mean (see resume.py).
     RESUME_SAFE_KEYS: ClassVar[tuple[str, ...]] = ("dropout",)
 
     def __post_init__(self) -> None:
-        for name in ("embed_dim", "depth", "num_heads", "patch_size"):
+        for name in ("embed_dim", "depth", "num_heads", "patch_size", "afno_num_blocks", "sfno_num_blocks"):
             value = getattr(self, name)
             if value < 1:
                 raise InvalidValue(name, f"must be at least 1, got {value}")
-        if self.embed_dim % self.num_heads != 0:
+        if self.mixer not in MIXERS:
+            raise InvalidValue("mixer", f"{self.mixer!r} is not one of {', '.join(MIXERS)}")
+        # num_heads only shapes attention: an AFNO model's width need not be a multiple of it.
+        if self.mixer == "attention" and self.embed_dim % self.num_heads != 0:
             raise InvalidValue(
                 "embed_dim",
                 f"{self.embed_dim} is not a multiple of num_heads={self.num_heads} "
@@ -59,6 +79,47 @@ class ViTConfig:
             )
         if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
             raise InvalidValue("norm_eps", f"must be a finite number > 0, got {self.norm_eps}")
+        self._check_afno()
+
+    def _check_afno(self) -> None:
+        """The AFNO keys' ranges always (a wrong value is wrong whatever the mixer), their fit to the width
+        only for the AFNO mixer."""
+        threshold = self.afno_sparsity_threshold
+        if not (threshold >= 0 and math.isfinite(threshold)):
+            raise InvalidValue("afno_sparsity_threshold", f"must be a finite number >= 0, got {threshold}")
+        fraction = self.afno_hard_thresholding_fraction
+        if not 0 < fraction <= 1:  # NaN fails too
+            raise InvalidValue(
+                "afno_hard_thresholding_fraction",
+                f"must be in (0, 1], the fraction of Fourier modes the filter keeps, got {fraction}",
+            )
+        for mixer in ("afno", "sfno"):
+            key = f"{mixer}_num_blocks"
+            blocks = getattr(self, key)
+            if self.mixer == mixer and self.embed_dim % blocks != 0:
+                fitting = [d for d in range(1, self.embed_dim + 1) if self.embed_dim % d == 0 and d <= 64]
+                raise InvalidValue(
+                    key,
+                    f"{blocks} blocks do not divide embed_dim {self.embed_dim} (each block is "
+                    f"embed_dim / {key} channels wide); use one of {fitting}",
+                )
+
+    def check_parallel(self, tensor_parallel: int, context_parallel: int) -> None:
+        """Refuse a tensor- or context-parallel layout the mixer has no form for: only attention has one
+        (dlscale.parallel.vit_parallel splits its heads and its tokens). The key is the parallel section's."""
+        if self.mixer == "attention" or tensor_parallel * context_parallel == 1:
+            return
+        key, value = (
+            ("parallel.tensor_parallel", tensor_parallel)
+            if tensor_parallel > 1
+            else ("parallel.context_parallel", context_parallel)
+        )
+        raise InvalidValue(
+            key,
+            f"{value} with model.mixer {self.mixer!r}: tensor and context parallelism split attention's heads "
+            f"and tokens, and the {self.mixer} mixer has no such form; set parallel.tensor_parallel and "
+            "parallel.context_parallel to 1 (data parallelism, DDP or FSDP2, works with every mixer)",
+        )
 
     @property
     def head_dim(self) -> int:

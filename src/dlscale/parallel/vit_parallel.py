@@ -33,6 +33,11 @@ from dlscale.parallel.tensor_parallel import (
 
 def check_vit_layout(model: VisionTransformer, tp: int, cp: int) -> None:
     """Refuse sizes the ViT cannot be split into (naming the size and what would fit), and dropout."""
+    if model.mixer != "attention":  # a config refuses this already; a model built by hand meets it here
+        raise ConfigError(
+            f"parallel.tensor_parallel {tp} x context_parallel {cp} with model.mixer {model.mixer!r}: only the "
+            "attention mixer has a tensor/context-parallel form; set both to 1"
+        )
     heads = model.blocks[0].attn.num_heads if len(model.blocks) else 1
     hidden = model.blocks[0].mlp.fc1.out_features if len(model.blocks) else 1
     if heads % tp:

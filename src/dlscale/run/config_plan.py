@@ -33,8 +33,7 @@ class ConfigPlan:
 def traced_plan_of(cfg: RunConfig, gpus: int, gpu_memory_gb: float) -> ConfigPlan:
     """The data-parallel layouts of ``cfg`` on ``gpus`` GPUs of ``gpu_memory_gb``, from a trace of its step."""
     workload = get_workload(cfg.workload).configured(cfg.model, cfg.data)
-    first = workload.build_datasets(cfg.data)["train"][0]  # a missing data set names its path here
-    sample = (TensorSpec.of(first[0]), TensorSpec.of(first[1]))
+    sample = sample_of(cfg, workload)  # another workload's missing data set names its path here
     try:
         global_batch, local_batch = batch_sizes(cfg, gpus)
         problem = ""

@@ -1,5 +1,9 @@
 """ERA5 weather forecasting with a ViT: predict the atmosphere 6 hours ahead (the NERSC tutorial's workload).
 
+The model's blocks mix tokens by attention (the tutorial's ViT), by FourCastNet's adaptive Fourier neural operator
+(``model.mixer: afno``) or by the spherical Fourier neural operator's convolution on the data's latitudes
+(``model.mixer: sfno``; docs/models.md); only attention has a tensor/context-parallel form.
+
 Loss: relative L2 per sample. Metrics: the loss and the latitude-weighted RMSE of every channel on normalized
 fields (the tutorial's ``RMSE(u10m)`` is channel u10), next to the same metrics for *persistence* (tomorrow
 equals today), the baseline a forecast must beat.
@@ -61,12 +65,30 @@ class ERA5ViT(Workload):
     def build_model(self, model_cfg: ViTConfig, data_cfg: ERA5DataConfig) -> VisionTransformer:
         from dlscale.models.vit import VisionTransformer
 
+        latitudes = self.image_latitudes(data_cfg) if model_cfg.mixer == "sfno" else None
         return VisionTransformer(
-            model_cfg, data_cfg.img_size, data_cfg.n_in_channels, data_cfg.n_out_channels
+            model_cfg, data_cfg.img_size, data_cfg.n_in_channels, data_cfg.n_out_channels, latitudes
         )
 
+    def image_latitudes(self, data_cfg: ERA5DataConfig):
+        """The latitudes of the rows the model sees (the SFNO mixer's grid): the training files' own where they
+        hold them, else the tutorial's grid of their height; without the files (``dlscale plan`` before the
+        data exists) the tutorial's grid of an odd height that the crop leaves one row of, as the tutorial's
+        360 of 361 rows. A checkpoint carries the transform's tables, so a model rebuilt there computes what it
+        was trained to."""
+        from dlscale.data.era5.coordinates import formula_latitudes
+        from dlscale.data.era5.layout import scan_split
+        from dlscale.errors import DataError
+
+        rows = data_cfg.img_size[0]
+        try:
+            return scan_split(data_cfg, "train_data_path").grid.latitudes[:rows]
+        except DataError:
+            return formula_latitudes(rows + 1 - rows % 2)[:rows]
+
     def parallelize(self, model: VisionTransformer, mesh) -> VisionTransformer:
-        """This rank's tensor/context-parallel part of the ViT (see dlscale.parallel.vit_parallel)."""
+        """This rank's tensor/context-parallel part of the ViT (see dlscale.parallel.vit_parallel); the config
+        already refused tp/cp for a mixer other than attention (ViTConfig.check_parallel)."""
         from dlscale.parallel.vit_parallel import parallelize_vit
 
         return parallelize_vit(model, mesh)
@@ -124,7 +146,8 @@ class ERA5ViT(Workload):
 
         return (
             f"ViT with {count_parameters(model):,} parameters: embed {model.embed_dim}, depth {len(model.blocks)}, "
-            f"patch {model.patch_size}, {model.num_tokens} tokens ({model.grid_size[0]}x{model.grid_size[1]})"
+            f"patch {model.patch_size}, {model.num_tokens} tokens ({model.grid_size[0]}x{model.grid_size[1]}), "
+            f"mixer {model.mixer}"
         )
 
 

@@ -237,6 +237,11 @@ def model_shape_of(cfg: Any) -> ModelShape:
             f"{cfg.where}: the analytic dp x tp x cp plan models the ViT; workload {cfg.workload!r} "
             f"has a {type(cfg.model).__name__} model (plan it with dlscale.perf.plan.traced_plan)"
         )
+    if cfg.model.mixer != "attention":
+        raise ConfigError(
+            f"{cfg.where}: the analytic dp x tp x cp plan models the attention ViT; model.mixer is "
+            f"{cfg.model.mixer!r} (plan it with dlscale.perf.plan.traced_plan)"
+        )
     return ModelShape.from_config(
         cfg.model, cfg.data.img_size, cfg.data.n_in_channels, cfg.data.n_out_channels
     )
