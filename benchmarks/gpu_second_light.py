@@ -23,6 +23,8 @@ reference   400  the tutorial's ``train.py`` and ``dlscale train``, one process 
                  (the tutorial's own "Time taken for epoch" line in both). Then dlscale's best rung alone
                  (its gpu pipeline, compile with CUDA graphs) against the reference's best.
 tests        70  the GPU-only tests (``pytest -m gpu``), gpu_first_light.py's part
+mixers      180  ladder.py's AMP bf16 and compile-with-CUDA-graphs rungs of `afno_short` and `sfno_short` (the
+                 ViT's AFNO and SFNO mixers on the same data), samples/s and MFU beside the ViT's
 workloads  rest  ladder.py on the U-Net, MNIST and CIFAR configs: the fp32 baseline and the best rung,
                  SYNTHETIC and FULL, peak memory beside `dlscale plan`
 tune       rest  ``dlscale tune`` of `short` in a 2-minute box (skipped with less than that left)
@@ -96,6 +98,8 @@ class Sizes:
     workloads: tuple[Workload, ...]
     workload_ladder: tuple[str, ...]
     tune: tuple[str, ...]
+    mixer_configs: tuple[str, ...] = ("afno_short", "sfno_short")  # the ViT's other mixers (docs/models.md)
+    mixer_ladder: tuple[str, ...] = ("--nwarmup", "1", "--ntrials", "3", "--nbatches", "12", "--workers", "8")
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,8 @@ REHEARSAL = Sizes(
     ),
     workload_ladder=("--nwarmup", "1", "--ntrials", "2", "--nbatches", "2", "--workers", "0"),
     tune=("--nbatches", "3", "--ntrials", "2", "--check_steps", "5"),
+    mixer_configs=("afno_tiny", "sfno_tiny"),
+    mixer_ladder=("--nwarmup", "1", "--ntrials", "2", "--nbatches", "2", "--workers", "0"),
 )
 
 
@@ -440,6 +446,31 @@ def part_workloads(s: Session, deadline: float) -> dict[str, Any]:
     return {"by_workload": found}
 
 
+# The mixers' rungs: AMP bf16 with the gpu pipeline, and the ViT's best rung (compile with CUDA graphs).
+MIXER_RUNGS = "amp_bf16,compile_graphs"
+
+
+def part_mixers(s: Session, deadline: float) -> dict[str, Any]:
+    """ladder.py's bf16 and best rungs for the AFNO and SFNO models of `short`'s grid, on the same data, for
+    their samples/s and MFU next to the attention ViT's (the reference part's best rung)."""
+    found: dict[str, Any] = {}
+    configs = s.sizes.mixer_configs
+    for index, config in enumerate(configs):
+        box = time.monotonic() + (deadline - time.monotonic()) / (len(configs) - index)
+        out = s.scratch / f"ladder_{config}"
+        shutil.rmtree(out, ignore_errors=True)
+        argv = python(
+            REPO / "benchmarks" / "ladder.py", "--data", s.data, "--config", config, "--rungs", MIXER_RUNGS,
+            "--tests", "SYNTHETIC,FULL", "--out", out, *s.sizes.mixer_ladder,
+        )  # fmt: skip
+        s.command(f"{config} ladder", argv, box)
+        records = sorted(out.glob("*-ladder.json"))
+        found[config] = {"ladder": read_json(records[-1]) if records else None}
+        s.report["parts"]["mixers"] = {"by_config": found}  # a call cut short keeps what was measured
+        s.write()
+    return {"by_config": found}
+
+
 TUNE_BOX_S = 120
 
 
@@ -468,6 +499,7 @@ PARTS = (
     Part("ceiling", 30, part_ceiling),
     Part("reference", 400, part_reference, needs_data=True, min_s=60),
     Part("tests", 70, first_light.part_tests),
+    Part("mixers", 180, part_mixers, needs_data=True, min_s=60),
     Part("workloads", float("inf"), part_workloads, min_s=45),
     Part("tune", TUNE_BOX_S + 15, part_tune, needs_data=True, min_s=TUNE_BOX_S + 10),
 )
@@ -644,7 +676,9 @@ def markdown(report: dict[str, Any]) -> str:
         from attention_ceiling import markdown as ceiling_markdown
 
         lines += ["", ceiling_markdown(ceiling).replace("# ", "## ", 1)]
-    for name, record in ((parts.get("workloads") or {}).get("by_workload") or {}).items():
+    mixer_ladders = ((parts.get("mixers") or {}).get("by_config") or {}).items()
+    workload_ladders = ((parts.get("workloads") or {}).get("by_workload") or {}).items()
+    for name, record in [*mixer_ladders, *workload_ladders]:
         ladder = (record or {}).get("ladder")
         if ladder:
             from ladder import markdown as ladder_markdown

@@ -376,11 +376,11 @@ def markdown(result: dict) -> str:
 
 def planned_memory_gb(cfg) -> float | None:
     """``dlscale plan``'s estimate of what one GPU's tensors hold for ``cfg`` (its total less the CUDA context
-    allowance, which torch's allocator does not count), in GB of 2^30 bytes: the ViT's analytic model, another
-    workload's traced step (as ``dlscale plan`` picks them)."""
+    allowance, which torch's allocator does not count), in GB of 2^30 bytes: the attention ViT's analytic model,
+    the traced step of another mixer or workload (as ``dlscale plan`` picks them)."""
     from dlscale.models.vit_config import ViTConfig
 
-    if isinstance(cfg.model, ViTConfig):
+    if isinstance(cfg.model, ViTConfig) and cfg.model.mixer == "attention":
         memory = estimate_memory(model_shape_of(cfg), TrainingSettings.from_run_config(cfg), Layout(1, 1, 1))
     else:
         from dlscale.run.config_plan import traced_plan_of

@@ -162,3 +162,15 @@ def test_the_committed_h200_record_renders(tmp_path: Path):
     assert "| dlscale's best against the reference's best rung | >= 1.3x, interval clear of 1.0 | " in text
     second_light.reference_figure(committed, tmp_path / "reference.png")
     assert (tmp_path / "reference.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_mixers_ladders_are_reported_beside_the_workloads():
+    committed = json.loads((RESULTS / "2026-11-28-h200-second-light.json").read_text())
+    ladder = json.loads((RESULTS / "2026-11-26-nvidia-h100-80gb-hbm3-ladder.json").read_text())
+    committed["parts"]["mixers"] = {"status": "ok", "by_config": {"afno_short": {"ladder": ladder}}}
+    text = second_light.markdown(committed)
+    assert "## afno_short: dlscale optimization ladder: NVIDIA H100 80GB HBM3" in text
+    assert "| mixers | 1 | ok |" in text
+    assert [part.name for part in second_light.PARTS].index("mixers") < [
+        part.name for part in second_light.PARTS
+    ].index("workloads")  # the models before the other workloads

@@ -279,6 +279,14 @@ class _TransformBase(nn.Module):
         self.register_buffer(name, torch.tensor(table, dtype=torch.float32))
 
 
+def _saved_copy(table: torch.Tensor) -> torch.Tensor:
+    """The table as autograd should keep it for the backward pass: a copy when gradients are recorded. DDP
+    broadcasts a module's buffers in place at every forward (``broadcast_buffers``), so with several forwards
+    before one backward (multi-step training) the buffer autograd saved would have changed under it (torch 2.11
+    refuses that backward); the copy is the patch grid's table, a fraction of a MB per block."""
+    return table.clone() if torch.is_grad_enabled() else table
+
+
 class SphericalHarmonicTransform(_TransformBase):
     """(..., nlat, nlon) real -> (..., lmax, mmax) complex64 coefficients of the orthonormal Y_l^m (module
     docstring); ``lats_deg`` the rows' latitudes in degrees, in the order of the input's rows."""
@@ -297,7 +305,7 @@ class SphericalHarmonicTransform(_TransformBase):
                 ..., : self.mmax
             ]  # (..., nlat, mmax)
             parts = torch.view_as_real(rows)  # (..., nlat, mmax, 2)
-            coefficients = torch.einsum("...jmc,mlj->...lmc", parts, self.analysis)
+            coefficients = torch.einsum("...jmc,mlj->...lmc", parts, _saved_copy(self.analysis))
             return torch.view_as_complex(coefficients.contiguous())
 
 
@@ -315,7 +323,7 @@ class InverseSphericalHarmonicTransform(_TransformBase):
     def forward(self, coefficients: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type=coefficients.device.type, enabled=False):
             parts = torch.view_as_real(coefficients.to(torch.complex64))  # (..., lmax, mmax, 2)
-            rows = torch.einsum("...lmc,mlj->...jmc", parts, self.synthesis)
+            rows = torch.einsum("...lmc,mlj->...jmc", parts, _saved_copy(self.synthesis))
             # irfft pads the orders above mmax with zeros; norm="forward" makes it the plain sum over m.
             return torch.fft.irfft(
                 torch.view_as_complex(rows.contiguous()), n=self.nlon, dim=-1, norm="forward"

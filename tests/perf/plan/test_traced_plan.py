@@ -79,10 +79,10 @@ def trace_workload(workload, cfg, sample, local_batch: int, amp: str):
 
 
 def buffers_saved_by_reference(model: nn.Module) -> int:
-    """BatchNorm's running mean and variance, and the SFNO transform's Legendre tables: saved for backward, but
-    the model's own buffers (the measurement on real tensors counts them as activations; the trace knows they
-    are no new memory)."""
-    names = ("running_mean", "running_var", "analysis", "synthesis")
+    """BatchNorm's running mean and variance: saved for backward, but the model's own buffers (the measurement on
+    real tensors counts them as activations; the trace knows they are no new memory). The SFNO transform's
+    Legendre tables are saved as copies (dlscale.models.spherical_harmonics._saved_copy): new memory, in both."""
+    names = ("running_mean", "running_var")
     return sum(b.nbytes for n, b in model.named_buffers() if n.endswith(names))
 
 
