@@ -631,6 +631,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"| {row['target']} | {row['wanted']} | {row['measured']} | {'yes' if row['met'] else '**no**'} |"
         )
+    if parts.get("tests"):
+        lines += first_light._tests_section(parts["tests"])
     reference = parts.get("reference") or {}
     if reference.get("rungs"):
         lines += [
