@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from attention_backends import BACKENDS
+from attention_backends import BACKENDS, trial_seconds
 from benchmark_text import command_line, write_device_record
 from torch.nn.attention import sdpa_kernel
 
@@ -99,19 +98,6 @@ def model_shapes(config: str, rehearse: bool) -> dict[str, Any]:
     }
 
 
-def seconds_per_call(call: Any, device: Device, trials: int, repeats: int) -> list[float]:
-    out = []
-    for trial in range(trials + 1):  # the first trial warms up (and lets cuDNN/cuBLAS pick their kernels)
-        device.synchronize()
-        began = time.perf_counter()
-        for _ in range(repeats):
-            call()
-        device.synchronize()
-        if trial:
-            out.append((time.perf_counter() - began) / repeats)
-    return out
-
-
 def gemm_rate(shapes: dict[str, Any], dtype: torch.dtype, device: Device, args: argparse.Namespace) -> dict:
     """Each product forward and backward at rows = batch x tokens; the step-weighted rate of all of them."""
     rows = shapes["batch"] * shapes["tokens"]
@@ -126,7 +112,7 @@ def gemm_rate(shapes: dict[str, Any], dtype: torch.dtype, device: Device, args: 
             dy @ w  # dX
             dy.t() @ x  # dW
 
-        seconds = mean_interval(seconds_per_call(forward_backward, device, args.trials, args.repeats))
+        seconds = mean_interval(trial_seconds(forward_backward, device, args))
         flop = 3 * 2.0 * rows * k * n
         entries.append(
             {
@@ -171,7 +157,7 @@ def attention_rate(
     entry: dict[str, Any] = {"backend": backend, "head_dim": pad_to or head_dim}
     try:
         with sdpa_kernel(BACKENDS[backend]):
-            seconds = mean_interval(seconds_per_call(step, device, args.trials, args.repeats))
+            seconds = mean_interval(trial_seconds(step, device, args))
     except RuntimeError as exc:  # this backend does not take this shape, dtype or device
         entry["unavailable"] = str(exc).strip().splitlines()[0][:200]
         return entry
