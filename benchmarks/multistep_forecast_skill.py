@@ -183,7 +183,8 @@ def markdown(record: dict[str, Any]) -> str:
     labels = list(record["runs"])
     blocks = record["blocks"]
     lines = [
-        f"# Multi-step fine-tuning: forecast skill on the {record['split']} split ({record['date'][:10]})",
+        f"# {record.get('title', 'Multi-step fine-tuning')}: forecast skill on the {record['split']} split "
+        f"({record['date'][:10]})",
         "",
         f"Command: `{record['command']}`",
         "",
@@ -247,7 +248,8 @@ def plot(record: dict[str, Any], path: Path) -> None:
         axis.set_ylabel(f"RMSE ({record['units'].get(name, '')})")
         axis.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    figure.suptitle(f"Multi-step fine-tuning: RMSE on the {record['split']} split (bands: 95% over blocks)")
+    title = record.get("title", "Multi-step fine-tuning")
+    figure.suptitle(f"{title}: RMSE on the {record['split']} split (bands: 95% over blocks)")
     figure.savefig(path, dpi=110)
 
 

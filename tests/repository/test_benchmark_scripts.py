@@ -52,6 +52,7 @@ def test_the_ladder_draws_intervals_from_its_trials_and_the_std_from_an_older_re
         ("multistep_forecast_skill", "2026-11-27-cpu-multistep-forecast-skill"),
         ("ensemble_forecast_skill", "2026-11-27-cpu-ensemble-forecast-skill"),
         ("unet_memory_layout", "2026-11-28-cpu-unet-memory-layout"),
+        ("mixer_skill", "2026-11-28-cpu-mixer-skill"),
     ],
 )
 def test_the_plan_reports_rewrite_their_committed_markdown_from_their_json(script, stem):
@@ -84,3 +85,22 @@ def test_the_rollout_cost_cases_train_the_k_and_checkpointing_they_are_named_for
     plain, with_checkpoints = record["cases"][1:]
     expected = with_checkpoints["time_vs_k1"]["ratio"] / plain["time_vs_k1"]["ratio"]
     assert with_checkpoints["time_vs_no_checkpointing"]["ratio"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_mixer_skill_budget_is_whole_epochs_and_its_verdicts_follow_the_paired_intervals():
+    skill = load("mixer_skill")
+    assert skill.curriculum(400) == "step 0=2, 100=4, 200=8"  # the docs' recipe at its own length
+    assert skill.curriculum(252) == "step 0=2, 63=4, 126=8"
+    calibration = {"seconds_per_step": 0.228, "steps": 63}  # 14.4 s an epoch
+    assert skill.epochs_for(240, calibration) == 17  # 16.7 epochs: the nearest whole one
+    assert skill.epochs_for(1, calibration) == 1  # at least one
+    record = json.loads((BENCHMARKS / "results" / "2026-11-28-cpu-mixer-skill.json").read_text())
+    found = skill.targets(record)
+    afno = found["five_days"]["afno"]
+    assert afno["channels"]["z500"]["interval_below"] and afno["channels"]["z500"]["high"] < 0
+    assert not afno["channels"]["u10"]["point_below"] and not afno["beats_on_all_point"]
+    # moving the u10 blocks of afno below the climatology's makes it beat on all four
+    five = skill.skill.lead_index(record, 5)
+    for block in record["runs"]["afno"]["blocks"]:
+        block["model"]["rmse"]["u10"][five] = block["climatology"]["rmse"]["u10"][five] - 0.1
+    assert skill.targets(record)["five_days"]["afno"]["beats_on_all_interval"]
