@@ -22,6 +22,7 @@ from dlscale.checkpoint.distributed_state import (
     optimizer_state_from_shards,
 )
 from dlscale.checkpoint.files import load_model_state
+from dlscale.checkpoint.noise_inputs import widened_for_noise
 from dlscale.checkpoint.resume import (
     check_config_changes,
     check_workload,
@@ -133,7 +134,8 @@ def restore_training(
     if sharded:
         load_model_shards(setup.model, path, source)
     else:
-        load_model_state(setup.model, local_model_state(setup.model, payload["model"]), source)
+        state = widened_for_noise(setup.model, payload["model"], source) if weights_only else payload["model"]
+        load_model_state(setup.model, local_model_state(setup.model, state), source)
     if weights_only:
         log.info("%s: took the model weights only; optimizer, LR schedule and position start afresh", source)
         setup.record.weights_start.clear()

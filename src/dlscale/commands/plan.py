@@ -67,8 +67,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.yaml_config, args.config, args.set, {})
     if args.check_layout:
         return run_layout_check(args, cfg)
-    # The analytic cost model is the attention ViT's; other mixers are planned from a trace of their step.
-    if not isinstance(cfg.model, ViTConfig) or cfg.model.mixer != "attention":
+    # The analytic cost model is the deterministic attention ViT's; other mixers, and a model with noise inputs
+    # (CRPS training, whose members multiply the batch), are planned from a trace of their step.
+    if not isinstance(cfg.model, ViTConfig) or cfg.model.mixer != "attention" or cfg.model.noise_channels > 0:
         return run_traced_plan(args, cfg)
     from dlscale.perf.plan.layout_cost import TrainingSettings
     from dlscale.perf.plan.layouts import model_shape_of, plan
@@ -99,6 +100,12 @@ def run_traced_plan(args: argparse.Namespace, cfg: RunConfig) -> int:
 
     planned = traced_plan_of(cfg, args.gpus, args.gpu_memory_gb)
     result, workload = planned.plan, planned.workload
+    if cfg.train.loss == "crps":
+        result.notes.append(
+            f"train.loss crps: each sample runs as {cfg.train.ensemble_members} members in one batch, so the "
+            f"trace is of {cfg.train.ensemble_members} x the local batch (the activations grow with the members; "
+            "the parameters, gradients and optimizer state do not)"
+        )
     if cfg.train.max_rollout_steps > 1:
         result.notes.append(
             f"train.rollout_steps {cfg.train.max_rollout_steps}: the trace is of one model step; a "
@@ -142,6 +149,12 @@ def model_parallel_line(workload: Workload, cfg: RunConfig) -> str:
     mixer = getattr(cfg.model, "mixer", "attention")
     if mixer != "attention":
         return f"tp/cp layouts are not listed: model.mixer {mixer!r} has no tensor/context-parallel form."
+    noise = getattr(cfg.model, "noise_channels", 0)
+    if noise:
+        return (
+            f"tp/cp layouts are not listed: a model with noise inputs (model.noise_channels {noise}) trains with "
+            "data parallelism only (the ranks of one sample would draw different noise)."
+        )
     declared = getattr(type(workload), "parallelize", Workload.parallelize) is not Workload.parallelize
     start = f"tp/cp layouts are not listed: workload {cfg.workload!r} declares"
     line = (

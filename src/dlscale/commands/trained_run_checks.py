@@ -63,7 +63,7 @@ def check_forecast_command(args: argparse.Namespace) -> None:
         raise ConfigError(f"--init-count {args.init_count}: expected a number of initial times >= 1")
     if args.batch_size is not None and args.batch_size < 1:
         raise ConfigError(f"--batch-size {args.batch_size}: expected a number of initial times >= 1")
-    check_ensemble_options(args.members, args.perturb)
+    check_ensemble_options(args.members, args.perturb, noise_model=None)  # the model is read later
     if args.names is not None and args.write is None:
         raise ConfigError(
             f"--names {args.names}: names the variables of the file --write writes; add --write netcdf or zarr"

@@ -207,6 +207,7 @@ def _run_config(
 
     built = {name: build_section(cls, nested.get(name, {}), where, name) for name, cls in sections.items()}
     _check_model_layout(built["model"], built["parallel"], where)
+    _check_model_training(built["model"], built["train"], where)
     return RunConfig(
         name=config_name, source=str(yaml_path), workload=workload, overrides=tuple(applied), **built
     )
@@ -222,6 +223,23 @@ def _check_model_layout(model: Any, parallel: ParallelConfig, where: str) -> Non
         check(parallel.tensor_parallel, parallel.context_parallel)
     except InvalidValue as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _check_model_training(model: Any, train: Any, where: str) -> None:
+    """CRPS training needs a model with noise inputs: a model section with a ``check_training(train)`` method
+    decides (the ViT's: ``model.noise_channels``), one without any noise key cannot be trained so."""
+    check = getattr(model, "check_training", None)
+    if callable(check):
+        try:
+            check(train)
+        except InvalidValue as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    elif train.loss == "crps":
+        raise ConfigError(
+            f"{where}: train.loss crps trains the members of a model that reads noise, and this workload's model "
+            f"({type(model).__name__}) has no noise inputs (the ERA5 ViT's is model.noise_channels); use "
+            "train.loss=workload"
+        )
 
 
 def _nest_flat_keys(

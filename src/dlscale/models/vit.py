@@ -230,6 +230,10 @@ class VisionTransformer(nn.Module):
         self.out_channels = out_channels
         self.embed_dim = cfg.embed_dim
         self.mixer = cfg.mixer
+        self.noise_channels = cfg.noise_channels
+        # the weight that reads the noise channels after the state's (a weights-only start from the model without
+        # noise inputs widens it: dlscale.checkpoint.noise_inputs)
+        self.noise_input_weight = "patch_embed.proj.weight"
         token_latitudes = None
         if cfg.mixer == "sfno":
             if latitudes is None or len(latitudes) != self.img_size[0]:
@@ -240,7 +244,7 @@ class VisionTransformer(nn.Module):
                 )
             token_latitudes = patch_row_latitudes(latitudes, cfg.patch_size)
 
-        self.patch_embed = PatchEmbed(in_channels, cfg.embed_dim, cfg.patch_size)
+        self.patch_embed = PatchEmbed(in_channels + cfg.noise_channels, cfg.embed_dim, cfg.patch_size)
         self.pos_embed = nn.Parameter(torch.empty(1, self.num_tokens, cfg.embed_dim))
         self.pos_drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.Sequential(
@@ -270,12 +274,26 @@ class VisionTransformer(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, in_channels, H, W) -> (B, N, D): patch embedding plus positional embedding, then dropout."""
+        """(B, in_channels, H, W) -> (B, N, D): patch embedding plus positional embedding, then dropout.
+
+        A model with noise inputs (``noise_channels`` > 0) reads its noise as channels after the state's:
+        given (``x`` of in_channels + noise_channels, as the CRPS training loss and the ensemble forecast give
+        it, each member's noise drawn from its own seed), or, for a bare state, drawn here from torch's
+        generator in training mode and zero in inference mode (a deterministic forecast: the members' median
+        noise), so validation, ``evaluate`` and a plain forecast stay reproducible."""
         expected = (self.in_channels, *self.img_size)
-        if x.ndim != 4 or tuple(x.shape[1:]) != expected:
-            raise ValueError(
-                f"expected input of shape (B, {expected[0]}, {expected[1]}, {expected[2]}), got {tuple(x.shape)}"
+        with_noise = self.in_channels + self.noise_channels
+        if x.ndim != 4 or tuple(x.shape[2:]) != self.img_size or x.shape[1] not in (expected[0], with_noise):
+            shape = f"(B, {expected[0]}, {expected[1]}, {expected[2]})"
+            if self.noise_channels:
+                shape += f" or, with its noise, (B, {with_noise}, {expected[1]}, {expected[2]})"
+            raise ValueError(f"expected input of shape {shape}, got {tuple(x.shape)}")
+        if x.shape[1] != with_noise:
+            shape = (x.shape[0], self.noise_channels, *self.img_size)
+            noise = (
+                torch.randn(shape, device=x.device, dtype=x.dtype) if self.training else x.new_zeros(shape)
             )
+            x = torch.cat([x, noise], dim=1)
         return self.pos_drop(self.patch_embed(x) + self.pos_embed)
 
     def unpatchify(self, x_tokens: torch.Tensor) -> torch.Tensor:
@@ -310,7 +328,7 @@ def vit_flops_per_sample(
     """
     rows, cols = token_grid(img_size, cfg.patch_size)
     n, d, p = rows * cols, cfg.embed_dim, cfg.patch_size
-    patch_embed = 2 * n * (in_channels * p * p) * d
+    patch_embed = 2 * n * ((in_channels + cfg.noise_channels) * p * p) * d
     mlp = 2 * (2 * n * d * cfg.mlp_hidden_dim)
     head = 2 * n * d * (out_channels * p * p)
     if cfg.mixer == "afno":

@@ -12,6 +12,8 @@ from dlscale.errors import InvalidValue
 # adaptive Fourier neural operator (dlscale.models.afno). A new mixer is one more name here and in the `mixer`
 # field's Literal, and one more branch in dlscale.models.vit.build_block.
 MIXERS = ("attention", "afno", "sfno")
+# More noise channels than this is more noise than state (the demo's state has 20 channels, ERA5's up to ~70).
+MAX_NOISE_CHANNELS = 64
 
 
 @dataclass
@@ -46,6 +48,10 @@ class ViTConfig:
     # sfno: the channels split into this many blocks, each with its own complex matrix per degree (divides
     # embed_dim; fewer blocks mean embed_dim^2 / sfno_num_blocks parameters per degree and block)
     sfno_num_blocks: int = 8
+    # channels of Gaussian noise the model reads beside the state (0: none, a deterministic model): a stochastic
+    # model whose members differ by their noise, trained as an ensemble by train.loss: crps (FourCastNet 3's
+    # noise inputs; dlscale.training.ensemble_loss)
+    noise_channels: int = 0
 
     # Keys a resumed run may change: they do not change what the saved weights mean (see resume.py).
     RESUME_SAFE_KEYS: ClassVar[tuple[str, ...]] = ("dropout",)
@@ -79,6 +85,12 @@ class ViTConfig:
             )
         if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
             raise InvalidValue("norm_eps", f"must be a finite number > 0, got {self.norm_eps}")
+        if not 0 <= self.noise_channels <= MAX_NOISE_CHANNELS:
+            raise InvalidValue(
+                "noise_channels",
+                f"must be 0 (a deterministic model) to {MAX_NOISE_CHANNELS} channels of noise, got "
+                f"{self.noise_channels}",
+            )
         self._check_afno()
 
     def _check_afno(self) -> None:
@@ -106,8 +118,19 @@ class ViTConfig:
 
     def check_parallel(self, tensor_parallel: int, context_parallel: int) -> None:
         """Refuse a tensor- or context-parallel layout the mixer has no form for: only attention has one
-        (dlscale.parallel.vit_parallel splits its heads and its tokens). The key is the parallel section's."""
-        if self.mixer == "attention" or tensor_parallel * context_parallel == 1:
+        (dlscale.parallel.vit_parallel splits its heads and its tokens), and a model with noise inputs has none
+        (the ranks of one sample would each draw their own noise). The key is the parallel section's."""
+        if tensor_parallel * context_parallel == 1:
+            return
+        if self.noise_channels > 0:
+            key = "parallel.tensor_parallel" if tensor_parallel > 1 else "parallel.context_parallel"
+            raise InvalidValue(
+                key,
+                f"{max(tensor_parallel, context_parallel)} with model.noise_channels {self.noise_channels}: the "
+                "ranks that share a sample would draw different noise; set parallel.tensor_parallel and "
+                "parallel.context_parallel to 1 (data parallelism, DDP or FSDP2, trains a noise model)",
+            )
+        if self.mixer == "attention":
             return
         key, value = (
             ("parallel.tensor_parallel", tensor_parallel)
@@ -120,6 +143,25 @@ class ViTConfig:
             f"and tokens, and the {self.mixer} mixer has no such form; set parallel.tensor_parallel and "
             "parallel.context_parallel to 1 (data parallelism, DDP or FSDP2, works with every mixer)",
         )
+
+    def check_training(self, train: object) -> None:
+        """Noise inputs and the CRPS loss go together: the loss is what teaches the model to turn its noise into
+        spread, and without noise the members of a CRPS ensemble would all be one forecast. ``train``: the
+        ``train:`` section (its ``loss``)."""
+        loss = getattr(train, "loss", "workload")
+        if loss == "crps" and self.noise_channels == 0:
+            raise InvalidValue(
+                "train.loss",
+                "crps trains the members of a model that reads noise, and model.noise_channels is 0 (the members "
+                "would all be one forecast); set model.noise_channels, e.g. 4",
+            )
+        if loss != "crps" and self.noise_channels > 0:
+            raise InvalidValue(
+                "model.noise_channels",
+                f"{self.noise_channels} with train.loss {loss!r}: a model's noise inputs are trained by the "
+                "ensemble's CRPS (with the workload's loss the model learns to ignore them); set train.loss=crps "
+                "with train.ensemble_members (e.g. 4), or model.noise_channels=0",
+            )
 
     @property
     def head_dim(self) -> int:

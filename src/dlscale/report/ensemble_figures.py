@@ -27,11 +27,11 @@ from dlscale.report.forecast_figures import (
     set_wrapped_title,
 )
 from dlscale.report.forecast_selection import lead_text
+from dlscale.scoring.calibration import CALIBRATED_BAND
 from dlscale.scoring.rollout import ENSEMBLE, MODEL
 
 ENSEMBLE_FIGURE = "ensemble.png"
 RANK_HISTOGRAM_FIGURE = "rank_histograms.png"
-CALIBRATED_BAND = (0.7, 1.3)  # the spread/skill ratios counted as calibrated enough (issue 39's target)
 ROW_INCHES = 3.0  # one row of panels' height
 TITLE_INCHES = 0.8
 RANK_LABEL = "truth's rank among the members (0: below all)"

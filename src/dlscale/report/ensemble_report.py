@@ -11,7 +11,11 @@
       "spread": {channel: [...]},           # sqrt of the mean member variance (unbiased), channel units
       "spread_skill": {channel: [...]},     # sqrt((M+1)/M) spread / ensemble-mean RMSE: 1 when calibrated
       "spread_skill_uncorrected": {channel: [...]},  # spread / ensemble-mean RMSE (WeatherBench2's plot)
-      "rank_histograms": [{"lead_hours": 24.0, "counts": {channel: [M + 1 counts]}}, ...],  # at 1, 3, 5 days
+      "calibrated": {channel: [true, false, null, ...]},  # spread_skill within calibration_band (null: undefined)
+      "calibration_band": [0.8, 1.25],
+      "rank_histograms": [{"lead_hours": 24.0, "counts": {channel: [M + 1 counts]},  # at 1, 3, 5 days
+                           "reliability": {channel: {"reliability_index": 0.12, "chi_square": ...,
+                                                     "degrees_of_freedom": M, "slope": -0.3, "shape": "U"}}}, ...],
       "nonfinite_members": [3, 7],          # members that held NaN or infinite values (0: the control)
       "nonfinite_members_from_lead_hours": 12.0,  # the first lead where one did (null: none)
       "conventions": {...}
@@ -31,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from dlscale.report.forecast_selection import lead_text, report_leads
+from dlscale.scoring.calibration import CALIBRATED_BAND, in_band, rank_histogram_reliability
 from dlscale.scoring.ensemble_scores import EnsembleScores
 from dlscale.scoring.rollout import ENSEMBLE, MODEL, EnsembleRollout
 
@@ -50,6 +55,11 @@ ENSEMBLE_CONVENTIONS = {
     "(SCALE x the channel's standard deviation over the training data), the mean over the grid",
     "rank_histograms": "counts of the truth's rank among the M members (0: below all) over every grid point and "
     "initial time, not weighted; ties broken at random: flat for a calibrated ensemble",
+    "calibrated": "whether spread_skill lies within calibration_band (null where it is undefined, as at lead 0)",
+    "reliability": "per rank histogram: reliability_index sum_i |p_i - 1/(M+1)| (0 flat), Pearson's chi_square "
+    "of the counts with M degrees of freedom (no p-value: the counts are far from independent), slope of "
+    "p_i (M+1) against rank i/M (above 0: the truth ranks high, the members too low), shape flat, U (too little "
+    "spread), dome (too much) or sloped (a bias); dlscale.scoring.calibration",
 }
 
 
@@ -73,17 +83,24 @@ def ensemble_entry(
         {
             "lead_hours": lead * step_hours,
             "counts": {name: counts[lead, c].tolist() for c, name in enumerate(channel_names)},
+            "reliability": {
+                name: rank_histogram_reliability(counts[lead, c].tolist())
+                for c, name in enumerate(channel_names)
+            },
         }
         for lead in report_leads(RANK_HISTOGRAM_DAYS, step_hours, steps)
     ]
+    ratios = scores.spread_skill_ratio()
     return {
         "members": scores.n_members,
         "perturbation": ensemble.description,
         "crps": per_channel(scores.crps()),
         "deterministic_crps": per_channel(ensemble.control.crps()),
         "spread": per_channel(scores.spread()),
-        "spread_skill": per_channel(scores.spread_skill_ratio()),
+        "spread_skill": per_channel(ratios),
         "spread_skill_uncorrected": per_channel(_uncorrected_ratio(scores)),
+        "calibrated": {name: in_band(ratios[:, c].tolist()) for c, name in enumerate(channel_names)},
+        "calibration_band": list(CALIBRATED_BAND),
         "rank_histograms": histograms,
         "nonfinite_members": nonfinite,
         "nonfinite_members_from_lead_hours": None if first_lead is None else first_lead * step_hours,
@@ -120,8 +137,10 @@ def ensemble_lines(document: dict[str, Any]) -> list[str]:
         return []
     lead_hours = list(document["lead_hours"])
     width = max(8, *(len(row["channel"]) + 1 for row in document["headline"]))
+    low, high = entry.get("calibration_band", CALIBRATED_BAND)
     lines = [
         f"{'channel':<{width}}{'lead':>5}  {'unit':<9}{'CRPS':>10}{'MAE ctrl':>10}{'spread':>10}{'spr/skill':>10}"
+        f"  in [{low:g}, {high:g}]"
     ]
     for row in document["headline"]:
         name, lead = row["channel"], lead_hours.index(row["lead_hours"])
@@ -133,8 +152,32 @@ def ensemble_lines(document: dict[str, Any]) -> list[str]:
             entry["spread_skill"][name][lead],
         )
         cells = "".join(f"{_number(value):>10}" for value in values)
-        lines.append(f"{name:<{width}}{lead_text(row['lead_hours']):>5}  {unit:<9}{cells}")
+        calibrated = entry.get("calibrated", {}).get(name, [None] * (lead + 1))[lead]
+        verdict = {True: "yes", False: "no", None: "-"}[calibrated]
+        lines.append(f"{name:<{width}}{lead_text(row['lead_hours']):>5}  {unit:<9}{cells}  {verdict}")
     return lines
+
+
+def rank_histogram_lines(document: dict[str, Any]) -> list[str]:
+    """One line per headline channel: its rank histograms' shape and reliability index at each kept lead
+    (``z500: 1d U 0.35, 3d U 0.21, 5d flat 0.07``); none for a deterministic forecast."""
+    entry = document.get("ensemble")
+    if entry is None or not entry.get("rank_histograms"):
+        return []
+    lines = [
+        "Rank histograms (shape and reliability index, 0 when flat; U: too little spread, dome: too much):"
+    ]
+    for name in document.get("headline_channels", []):
+        parts = []
+        for histogram in entry["rank_histograms"]:
+            found = histogram.get("reliability", {}).get(name)
+            if found and found["shape"] is not None:
+                parts.append(
+                    f"{lead_text(histogram['lead_hours'])} {found['shape']} {found['reliability_index']:.2f}"
+                )
+        if parts:
+            lines.append(f"  {name}: " + ", ".join(parts))
+    return lines if len(lines) > 1 else []
 
 
 def nonfinite_members_warning(document: dict[str, Any], shown: int = 10) -> str | None:

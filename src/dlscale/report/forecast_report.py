@@ -33,6 +33,7 @@ from dlscale.report.ensemble_report import (
     ensemble_entry,
     ensemble_lines,
     nonfinite_members_warning,
+    rank_histogram_lines,
 )
 from dlscale.report.forecast_figures import forecaster_styles, origin_text
 from dlscale.report.forecast_selection import headline_channels, lead_text, report_leads
@@ -399,6 +400,8 @@ def log_forecast(document: dict[str, Any], written: Sequence[Any]) -> None:
     if ensemble is not None:
         log.info("Ensemble of %d members (%s):", ensemble["members"], ensemble["perturbation"])
         for line in ensemble_lines(document):
+            log.info("  %s", line)
+        for line in rank_histogram_lines(document):
             log.info("  %s", line)
     if document["nonfinite_from_lead_hours"] is not None:
         log.warning(

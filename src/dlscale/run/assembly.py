@@ -30,6 +30,7 @@ from dlscale.parallel.data_parallel import buffer_synchronizer, wrap_data_parall
 from dlscale.parallel.model_parallel import create_mesh, data_parallel_sum, report_layout
 from dlscale.perf.flops import Utilization, compute_precision, training_flops_per_sample
 from dlscale.perf.profile.capture import build_profiling
+from dlscale.run.ensemble_training import check_crps_workload, crps_training_loss, ensemble_utilization
 from dlscale.run.preflight import SAMPLES_PER_BATCH, PreflightReport, checked_splits, preflight_check
 from dlscale.run.rollout_training import (
     RolloutUtilization,
@@ -105,6 +106,8 @@ def build_training(
     rollout_steps = cfg.train.max_rollout_steps
     if rollout_steps > 1:
         check_rollout_workload(workload, cfg.where)
+    if cfg.train.loss == "crps":
+        check_crps_workload(workload, cfg)
     check_device_support(cfg, device, process)
     if cfg.train.on_nonfinite == "rollback" and not cfg.checkpoint.enabled:
         raise ConfigError(
@@ -155,6 +158,9 @@ def build_training(
     # Counted on the plain model: FSDP2 and tensor parallelism change its parameters in place.
     utilization = measure_utilization(workload, model, cfg, device, train_set)
     curriculum = rollout_curriculum(cfg.train, plan.steps_per_epoch)
+    crps = cfg.train.loss == "crps"
+    if crps:
+        utilization = ensemble_utilization(utilization, cfg.train.ensemble_members)
     if rollout_steps > 1:
         utilization = RolloutUtilization(utilization, curriculum)
     with errors_naming_the_config(cfg):
@@ -194,7 +200,9 @@ def build_training(
         skip_nonfinite=cfg.train.on_nonfinite == "skip",
         markers=markers,
         training_loss=(
-            RolloutLoss(workload.loss, curriculum, cfg.train.rollout_checkpointing)
+            crps_training_loss(workload, cfg, curriculum, mesh.dp_rank * local_batch)
+            if crps
+            else RolloutLoss(workload.loss, curriculum, cfg.train.rollout_checkpointing)
             if rollout_steps > 1
             else workload.training_loss
         ),

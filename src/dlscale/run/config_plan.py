@@ -54,6 +54,7 @@ def traced_plan_of(cfg: RunConfig, gpus: int, gpu_memory_gb: float) -> ConfigPla
         gradient_as_bucket_view=cfg.parallel.gradient_as_bucket_view,
         requested=cfg.parallel.data_parallel,
         compiled=cfg.train.enable_jit,
+        members=cfg.train.ensemble_members,
     )
     return ConfigPlan(plan, workload, sample, global_batch, optimizer)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,7 @@ from dlscale.runtime.distributed import (
 from dlscale.runtime.launch import ProcessInfo, detect_process
 from dlscale.runtime.rng import seed_everything
 from dlscale.runtime.storage import probe_creatable, require_free_space
-from dlscale.scoring.perturbation_spec import DROPOUT, Perturbation, check_ensemble_options
+from dlscale.scoring.perturbation_spec import GAUSSIAN, Perturbation, check_ensemble_options
 from dlscale.scoring.perturbations import ensemble_members, noise_in_units
 from dlscale.scoring.rollout import EnsembleMembers, Rollout, roll_out
 from dlscale.scoring.rollout_ranks import sum_rollout_across_ranks
@@ -157,7 +157,9 @@ def _forecast(
         raise ConfigError(f"--names {options.names!r}: expected one of {', '.join(NAMES)}")
     if options.batch_size is not None and options.batch_size < 1:
         raise ConfigError(f"--batch-size {options.batch_size}: expected a number of initial times >= 1")
-    perturbation = check_ensemble_options(options.members, options.perturb)
+    perturbation = check_ensemble_options(options.members, options.perturb, noise_model=_reads_noise(cfg))
+    if perturbation is not None and options.perturb is None:  # a noise model's default: its own noise
+        options = replace(options, perturb=perturbation.kind)
     if options.split == "train":
         # A workload's forecast_data also gives the training split, which multi-step training reads.
         raise DataError(
@@ -224,7 +226,7 @@ def _forecast(
     noise = None
     if members is not None:
         in_units = ""
-        if perturbation is not None and perturbation.kind != DROPOUT:
+        if perturbation is not None and perturbation.kind == GAUSSIAN:
             grid = (
                 len(trajectories.channel_names),
                 len(trajectories.latitudes),
@@ -377,6 +379,11 @@ def _check_written_size(
         require_free_space(existing, size, FORMATS[fmt], FORECAST_OPTION, named=output_dir)
 
 
+def _reads_noise(cfg: Any) -> bool:
+    """Whether the run's model reads noise inputs (the ViT's ``model.noise_channels``; other models have none)."""
+    return int(getattr(cfg.model, "noise_channels", 0) or 0) > 0
+
+
 def _check_ensemble_memory(
     cfg: Any,
     options: ForecastOptions,
@@ -404,8 +411,8 @@ def _check_ensemble_memory(
     def kept(count: int) -> int:
         return len(starts) * count * steps * channels * height * width * 4 if options.write is not None else 0
 
-    if perturbation.kind == DROPOUT:
-        noise = 0
+    if perturbation.kind != GAUSSIAN:
+        noise = 0  # dropout draws nothing of its own; a noise model's noise is a few channels of its input
     else:
         noise = WHITE_NOISE_BYTES_PER_VALUE if perturbation.length_km == 0 else NOISE_BYTES_PER_VALUE
     shape = EnsembleShape(

@@ -1,5 +1,5 @@
-"""``--perturb``: what makes an ensemble's members differ, as the user writes it (``gaussian:SCALE[:LENGTH_KM]``
-or ``dropout``), checked before torch is imported; :mod:`dlscale.scoring.perturbations` makes the members.
+"""``--perturb``: what makes an ensemble's members differ, as the user writes it (``gaussian:SCALE[:LENGTH_KM]``,
+``dropout``, or ``noise`` for a model with noise inputs), checked before torch is imported; :mod:`dlscale.scoring.perturbations` makes the members.
 
 The bounds and why:
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from dlscale.errors import ConfigError
 
-GAUSSIAN, DROPOUT = "gaussian", "dropout"
+GAUSSIAN, DROPOUT, NOISE = "gaussian", "dropout", "noise"
 MIN_SCALE, MAX_SCALE = 1e-6, 10.0  # standard deviations of each channel (see the module's docstring)
 # The Earth's radius WeatherBench2 uses (dlscale.scoring.spectra.EARTH_RADIUS_M; that module imports torch).
 EARTH_RADIUS_KM = (6357 + 6378) / 2
@@ -42,6 +42,8 @@ class Perturbation:
     def describe(self) -> str:
         if self.kind == DROPOUT:
             return "the model's dropout kept on in every member but the control"
+        if self.kind == NOISE:
+            return "the model's own noise inputs, drawn anew for every member and step (zero in the control)"
         length = "the grid's default length" if self.length_km is None else f"{self.length_km:g} km"
         return f"Gaussian initial-state noise of {self.scale:g} standard deviations, correlated over {length}"
 
@@ -49,11 +51,14 @@ class Perturbation:
 def parse_perturbation(text: str) -> Perturbation:
     """``gaussian:SCALE[:LENGTH_KM]`` or ``dropout`` -> a :class:`Perturbation`; anything else is a ConfigError
     naming the option and what it expects."""
-    expected = "expected gaussian:SCALE[:LENGTH_KM] (e.g. gaussian:0.05 or gaussian:0.05:500) or dropout"
+    expected = (
+        "expected gaussian:SCALE[:LENGTH_KM] (e.g. gaussian:0.05 or gaussian:0.05:500), dropout, or noise (a "
+        "model trained with train.loss crps)"
+    )
     parts = text.strip().split(":")
     kind = parts[0].strip().lower()
-    if kind == DROPOUT and len(parts) == 1:
-        return Perturbation(DROPOUT)
+    if kind in (DROPOUT, NOISE) and len(parts) == 1:
+        return Perturbation(kind)
     if kind != GAUSSIAN or len(parts) not in (2, 3):
         raise ConfigError(f"--perturb {text!r}: {expected}")
     scale = _number(parts[1], text, "SCALE")
@@ -97,9 +102,13 @@ def _number(part: str, text: str, name: str) -> float:
     return value
 
 
-def check_ensemble_options(members: int, perturb: str | None) -> Perturbation | None:
+def check_ensemble_options(
+    members: int, perturb: str | None, noise_model: bool | None = False
+) -> Perturbation | None:
     """``--members`` and ``--perturb`` together: the perturbation of an ensemble of ``members`` (None for one
-    member), or a ConfigError naming the option that is wrong and what it expects."""
+    member), or a ConfigError naming the option that is wrong and what it expects. ``noise_model``: whether the
+    model reads noise (trained with ``train.loss crps``), whose ensemble draws it by default; None before the
+    model is known (the command line's check: no ``--perturb`` then passes, and the forecast decides)."""
     if isinstance(members, bool) or not isinstance(members, numbers.Integral):
         raise ConfigError(
             f"--members {members!r}: expected a whole number of members >= 1 (1: the deterministic forecast)"
@@ -116,8 +125,19 @@ def check_ensemble_options(members: int, perturb: str | None) -> Perturbation | 
             )
         return None
     if perturb is None:
+        if noise_model:
+            return Perturbation(NOISE)
+        if noise_model is None:
+            return None
         raise ConfigError(
             f"--members {members}: an ensemble needs --perturb gaussian:SCALE[:LENGTH_KM] or dropout (the scale "
-            "that calibrates an ensemble depends on the model: choose it on the validation split)"
+            "that calibrates an ensemble depends on the model: choose it on the validation split); a model "
+            "trained with train.loss crps draws its own noise"
         )
-    return parse_perturbation(perturb)
+    perturbation = parse_perturbation(perturb)
+    if perturbation.kind == NOISE and noise_model is False:
+        raise ConfigError(
+            f"--perturb {perturb}: the model reads no noise (model.noise_channels 0: it was not trained with "
+            "train.loss crps), so its members would all be the control; use --perturb gaussian:SCALE or dropout"
+        )
+    return perturbation

@@ -23,6 +23,10 @@ deterministic one, scored beside the ensemble as ``model``); members 1 .. N-1 di
   stochastic-depth layers sample anew for each member; normalization layers stay in inference mode). Only for a
   model that has dropout (a rate above 0).
 
+* ``noise``: a model with noise inputs (``model.noise_channels``, trained with ``train.loss crps``): members
+  1 .. N-1 start from the control's state and read their own noise at every model step (:class:`ModelNoise`,
+  seeded like the gaussian noise plus the step), the control reads zero noise.
+
 The noise is drawn on the CPU from a generator seeded by the run's seed and the initial time (its trajectory and
 step), so an initial time's members are the same whatever the batch, the device or the number of ranks that share
 the initial times. Dropout masks come from the device's generator: reproducible for one layout, not across
@@ -41,13 +45,14 @@ from torch import nn
 
 from dlscale.data.trajectories import ForecastStart
 from dlscale.errors import ConfigError
-from dlscale.scoring.perturbation_spec import DROPOUT, Perturbation
+from dlscale.scoring.perturbation_spec import DROPOUT, NOISE, Perturbation
 from dlscale.scoring.rollout import EnsembleMembers
 from dlscale.scoring.spectra import EARTH_RADIUS_M, whole_circle
 
 DEFAULT_LENGTH_KM = 500.0
 # Mixed into the seed, so that the perturbations' stream is not the one that initialized the model's weights.
 PERTURBATION_STREAM = 0x9E3779B9
+MODEL_NOISE_STREAM = 0x7F4A7C15  # a noise model's members' inputs (--perturb noise)
 
 
 class SmoothedNoise:
@@ -97,6 +102,46 @@ class SmoothedNoise:
         state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
         generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
         return torch.randn((members, channels, *self.shape), generator=generator)
+
+
+class ModelNoise:
+    """A noise model's members' noise inputs (``--perturb noise``): unit Gaussian noise of the model's
+    ``noise_channels`` on its grid, per initial time and model step from a CPU generator seeded by the run's
+    seed, the initial time (trajectory and step) and the model step, so an initial time's members are the same
+    whatever the batch, the device or the number of ranks, and each step's noise is new (as in training)."""
+
+    def __init__(self, channels: int, grid: tuple[int, int], members: int, seed: int):
+        self.channels, self.grid, self.members, self.seed = channels, grid, members, seed
+
+    def __call__(self, starts: Sequence[ForecastStart], lead: int) -> torch.Tensor:
+        """(N * members, channels, H, W): the noise of each start's members at model step ``lead``."""
+        fields = []
+        for start in starts:
+            entropy = [self.seed, MODEL_NOISE_STREAM, start.trajectory, start.step, lead]
+            state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
+            generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+            fields.append(torch.randn((self.members, self.channels, *self.grid), generator=generator))
+        return torch.cat(fields)
+
+
+def noise_input_members(
+    count: int, model: nn.Module, predict: Callable[[torch.Tensor], torch.Tensor], seed: int, description: str
+) -> EnsembleMembers:
+    """The members of ``--perturb noise``: the control's initial state, each member's own noise inputs at every
+    step; a ConfigError for a model without noise inputs."""
+    channels = int(getattr(model, "noise_channels", 0) or 0)
+    image = getattr(model, "img_size", None)
+    if channels < 1 or image is None:
+        raise ConfigError(
+            "--perturb noise: the model reads no noise (model.noise_channels 0: it was not trained with "
+            "train.loss crps); use --perturb gaussian:SCALE or dropout"
+        )
+
+    def repeat(starts: Sequence[ForecastStart], state: torch.Tensor) -> torch.Tensor:
+        return state.unsqueeze(1).expand(state.shape[0], count - 1, *state.shape[1:])
+
+    noise = ModelNoise(channels, tuple(image), count - 1, seed)
+    return EnsembleMembers(count, repeat, predict, seed, description, noise)
 
 
 def noise_for_grid(
@@ -186,6 +231,8 @@ def ensemble_members(
                 return predict(state)
 
         return EnsembleMembers(count, repeat, predict_with_dropout, seed, perturbation.describe())
+    if perturbation.kind == NOISE:
+        return noise_input_members(count, model, predict, seed, perturbation.describe())
     noise = noise_for_grid(perturbation, latitudes, longitudes, seed)
     scale = perturbation.scale
 

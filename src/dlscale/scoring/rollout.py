@@ -51,6 +51,9 @@ class EnsembleMembers:
     predict: Callable[[torch.Tensor], torch.Tensor]
     seed: int = 0
     description: str = ""  # how the members differ, for the log and the document
+    # a model with noise inputs: the other members' noise for the batch's starts at model step k (1 the first),
+    # (N * (count - 1), noise channels, H, W), read beside their states
+    noise: Callable[[Sequence[ForecastStart], int], torch.Tensor] | None = None
 
 
 @dataclass
@@ -178,7 +181,11 @@ def roll_out(
                 tick = time.perf_counter()
                 prediction = predict(state)
                 if members is not None:
-                    member_prediction = members.predict(member_states)
+                    member_input = member_states
+                    if members.noise is not None:
+                        noise = members.noise(batch, lead).to(device=device, dtype=member_states.dtype)
+                        member_input = torch.cat([member_states, noise], dim=1)
+                    member_prediction = members.predict(member_input)
                 synchronize()
                 model_seconds += time.perf_counter() - tick
                 _check_feeds_back(prediction, state)

@@ -40,16 +40,21 @@ def rollout_loss(
     steps: int,
     loss_fn: LossFunction,
     checkpointing: bool = False,
+    model_input: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The mean of ``loss_fn`` over ``steps`` autoregressive steps from ``inputs``, the k-th prediction against
-    ``targets[:, k - 1]`` (``targets``: (B, K_max, ...) with K_max >= ``steps``)."""
+    ``targets[:, k - 1]`` (``targets``: (B, K_max, ...) with K_max >= ``steps``). ``model_input(k, state)``:
+    what the model reads at step k (0 the first) from the state, when that is more than the state (the CRPS
+    loss appends each member's noise); made outside the checkpointed call, so a recomputed step reads the
+    same."""
     if targets.dim() < 2 or targets.shape[1] < steps:
         raise ValueError(
             f"a {steps}-step rollout needs targets of shape (B, >= {steps}, ...), got {tuple(targets.shape)}"
         )
     state, total = inputs, None
     for k in range(steps):
-        state = checkpoint(model, state, use_reentrant=False) if checkpointing else model(state)
+        read = state if model_input is None else model_input(k, state)
+        state = checkpoint(model, read, use_reentrant=False) if checkpointing else model(read)
         step_loss = loss_fn(state, targets[:, k])
         total = step_loss if total is None else total + step_loss
     assert total is not None

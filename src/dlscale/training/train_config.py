@@ -54,6 +54,11 @@ class TrainConfig:
     rollout_steps: int = 1
     rollout_schedule: str | None = None
     rollout_checkpointing: bool = False
+    # CRPS training (dlscale.training.ensemble_loss): "workload" trains on the workload's own loss; "crps" runs
+    # each sample ensemble_members times, each member on its own noise (a model with noise inputs:
+    # model.noise_channels), and trains on the members' fair CRPS
+    loss: Literal["workload", "crps"] = "workload"
+    ensemble_members: int = 1
 
     @property
     def max_rollout_steps(self) -> int:
@@ -64,6 +69,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self._check_rollout()
+        self._check_ensemble()
         for name in ("global_batch_size", "local_batch_size", "num_iters", "num_epochs"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -129,7 +135,35 @@ class TrainConfig:
                 "(--no-cuda_graphs) or use enable_jit",
             )
 
+    def _check_ensemble(self) -> None:
+        members = self.ensemble_members
+        if self.loss not in LOSSES:
+            raise InvalidValue("loss", f"{self.loss!r} is not one of {', '.join(LOSSES)}")
+        if self.loss == "crps" and not 2 <= members <= MAX_ENSEMBLE_MEMBERS:
+            raise InvalidValue(
+                "ensemble_members",
+                f"{members} with train.loss crps: the fair CRPS compares members with each other, so it needs "
+                f"2 to {MAX_ENSEMBLE_MEMBERS} members per sample (with one it is the absolute error and the "
+                "members never learn a spread); e.g. 4",
+            )
+        if self.loss != "crps" and members != 1:
+            raise InvalidValue(
+                "ensemble_members",
+                f"{members} with train.loss {self.loss!r}: only train.loss crps trains an ensemble; set "
+                "train.loss=crps (with model.noise_channels) or train.ensemble_members=1",
+            )
+        if self.loss == "crps" and self.cuda_graphs:
+            raise InvalidValue(
+                "cuda_graphs",
+                "cannot capture CRPS training (each step draws the members' noise and runs the loss outside "
+                "the model); switch cuda_graphs off (--no-cuda_graphs) or use enable_jit",
+            )
 
+
+LOSSES = ("workload", "crps")
+# Members run side by side in one batch: memory and time grow M-fold; beyond this a batch of one sample is
+# larger than any fair CRPS needs (its sampling error falls as 1/M, already small at 16).
+MAX_ENSEMBLE_MEMBERS = 64
 ROLLOUT_UNITS = ("epoch", "step")
 _PAIR = re.compile(r"^(\d+)\s*=\s*(\d+)$")
 

@@ -131,12 +131,15 @@ def plan_data_parallel(
     requested: str = "ddp",
     batch_problem: str = "",
     compiled: bool = False,
+    members: int = 1,
 ) -> TracedPlan:
     """Estimate the data-parallel layouts of ``gpus`` GPUs with ``gpu_memory_gb`` (2^30 bytes) each.
 
     ``local_batch`` is each GPU's share of the batch (None, with ``batch_problem`` saying why, when the batch
     cannot be split over the GPUs); ``units_of`` names the FSDP2 units (the workload's ``fsdp_units``);
-    ``compiled``: the run uses torch.compile (which the eager trace does not follow).
+    ``compiled``: the run uses torch.compile (which the eager trace does not follow); ``members``: each sample
+    runs as that many ensemble members in one batch (CRPS training), so the step is traced at ``members`` x
+    ``local_batch`` samples.
     """
     if not (gpu_memory_gb > 0 and math.isfinite(gpu_memory_gb)):
         raise InvalidValue("gpu_memory_gb", f"must be a number of GB > 0, got {gpu_memory_gb}")
@@ -158,7 +161,7 @@ def plan_data_parallel(
         problem = batch_problem or "the batch cannot be split over the GPUs"
         rows = [TracedRow(layout, capacity, (problem,)) for layout in layouts]
         return TracedPlan(gpus, capacity, rows, None, requested, notes)
-    step = trace_training_step(build_model, sample, loss, local_batch, amp_mode, units_of)
+    step = trace_training_step(build_model, sample, loss, local_batch * members, amp_mode, units_of)
     rows = []
     for layout in layouts:
         problems = tuple(layout_problems(step, layout))
