@@ -222,11 +222,16 @@ def markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def channel_panels(channels: list[str], width: float = 5.0, height: float = 4.2) -> tuple[Figure, Any]:
+    """A figure of one row of panels, one per channel, ``width`` x ``height`` inches each."""
+    figure = Figure(figsize=(width * len(channels), height), layout="constrained")
+    return figure, figure.subplots(1, len(channels), squeeze=False)[0]
+
+
 def plot(record: dict[str, Any], path: Path) -> None:
     """RMSE against lead for each channel: every run a line with its interval band, the baselines dashed."""
     channels = record["channels"]
-    figure = Figure(figsize=(5.0 * len(channels), 4.2), layout="constrained")
-    axes = figure.subplots(1, len(channels), squeeze=False)[0]
+    figure, axes = channel_panels(channels)
     days = [hours / 24 for hours in record["lead_hours"]]
     for axis, name in zip(axes, channels, strict=True):
         for label, run in record["runs"].items():

@@ -53,6 +53,7 @@ def test_the_ladder_draws_intervals_from_its_trials_and_the_std_from_an_older_re
         ("ensemble_forecast_skill", "2026-11-27-cpu-ensemble-forecast-skill"),
         ("unet_memory_layout", "2026-11-28-cpu-unet-memory-layout"),
         ("mixer_skill", "2026-11-28-cpu-mixer-skill"),
+        ("crps_calibration", "2026-11-28-cpu-crps-calibration"),
     ],
 )
 def test_the_plan_reports_rewrite_their_committed_markdown_from_their_json(script, stem):
