@@ -50,6 +50,8 @@ from multistep_forecast_skill import (
     record_or_rewrite,
 )
 
+from dlscale.report.forecast_selection import lead_text
+
 REPO = Path(__file__).resolve().parents[1]
 BAND = (0.8, 1.25)  # dlscale.scoring.calibration.CALIBRATED_BAND
 ENSEMBLES = ("crps", "gaussian")
@@ -194,10 +196,6 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def lead_text(days: float) -> str:
-    return f"{days * 24:g} h" if days < 1 else f"{days:g} d"
-
-
 def markdown(record: dict[str, Any]) -> str:
     table = summarize(record)
     # the first model step too: the lead a one-step CRPS model was trained on
@@ -205,7 +203,9 @@ def markdown(record: dict[str, Any]) -> str:
     shown = sorted({step_days, *record["days"]})
     channels, days = record["channels"], [d for d in shown if lead_index(record, d) is not None]
     head = (
-        "| ensemble | " + " | ".join(f"{n} {lead_text(d)}" for n in channels for d in days if d <= 5) + " |"
+        "| ensemble | "
+        + " | ".join(f"{n} {lead_text(d * 24)}" for n in channels for d in days if d <= 5)
+        + " |"
     )
     lines = [
         f"# CRPS-trained ensembles against gaussian ones ({record['date'][:10]})",

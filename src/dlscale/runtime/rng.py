@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ import torch
 
 from dlscale.errors import CheckpointError, InvalidValue
 
-__all__ = ["capture_rng_state", "restore_rng_state", "seed_everything"]
+__all__ = ["capture_rng_state", "restore_rng_state", "seed_everything", "stream_seed"]
 
 log = logging.getLogger(__name__)
 
@@ -208,3 +208,11 @@ def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
     return f"{type(value).__name__} {value!r}"[:120]
+
+
+def stream_seed(entropy: Sequence[int]) -> int:
+    """A 64-bit seed for a generator of its own, from integers that name what it draws (the run's seed, a stream
+    constant, a sample or an initial time, a step): numpy's ``SeedSequence`` mixes them, so lists that differ
+    anywhere give independent streams, and the same list the same one on any batch, device or rank layout."""
+    state = np.random.SeedSequence(list(entropy)).generate_state(2, dtype=np.uint32)
+    return int(state[0]) << 32 | int(state[1])

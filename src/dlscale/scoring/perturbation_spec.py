@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from dlscale.errors import ConfigError
 
 GAUSSIAN, DROPOUT, NOISE = "gaussian", "dropout", "noise"
+NO_NOISE_INPUTS = "the model reads no noise (model.noise_channels 0: it was not trained with train.loss crps)"
 MIN_SCALE, MAX_SCALE = 1e-6, 10.0  # standard deviations of each channel (see the module's docstring)
 # The Earth's radius WeatherBench2 uses (dlscale.scoring.spectra.EARTH_RADIUS_M; that module imports torch).
 EARTH_RADIUS_KM = (6357 + 6378) / 2
@@ -137,7 +138,7 @@ def check_ensemble_options(
     perturbation = parse_perturbation(perturb)
     if perturbation.kind == NOISE and noise_model is False:
         raise ConfigError(
-            f"--perturb {perturb}: the model reads no noise (model.noise_channels 0: it was not trained with "
-            "train.loss crps), so its members would all be the control; use --perturb gaussian:SCALE or dropout"
+            f"--perturb {perturb}: {NO_NOISE_INPUTS}, so its members would all be the control; use --perturb "
+            "gaussian:SCALE or dropout"
         )
     return perturbation

@@ -45,7 +45,8 @@ from torch import nn
 
 from dlscale.data.trajectories import ForecastStart
 from dlscale.errors import ConfigError
-from dlscale.scoring.perturbation_spec import DROPOUT, NOISE, Perturbation
+from dlscale.runtime.rng import stream_seed
+from dlscale.scoring.perturbation_spec import DROPOUT, NO_NOISE_INPUTS, NOISE, Perturbation
 from dlscale.scoring.rollout import EnsembleMembers
 from dlscale.scoring.spectra import EARTH_RADIUS_M, whole_circle
 
@@ -98,9 +99,8 @@ class SmoothedNoise:
         return torch.einsum("ij,...jw->...iw", self.meridian, zonally)
 
     def _white(self, start: ForecastStart, members: int, channels: int) -> torch.Tensor:
-        entropy = [self.seed, PERTURBATION_STREAM, start.trajectory, start.step]
-        state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
-        generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+        seed = stream_seed([self.seed, PERTURBATION_STREAM, start.trajectory, start.step])
+        generator = torch.Generator().manual_seed(seed)
         return torch.randn((members, channels, *self.shape), generator=generator)
 
 
@@ -117,9 +117,8 @@ class ModelNoise:
         """(N * members, channels, H, W): the noise of each start's members at model step ``lead``."""
         fields = []
         for start in starts:
-            entropy = [self.seed, MODEL_NOISE_STREAM, start.trajectory, start.step, lead]
-            state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
-            generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+            seed = stream_seed([self.seed, MODEL_NOISE_STREAM, start.trajectory, start.step, lead])
+            generator = torch.Generator().manual_seed(seed)
             fields.append(torch.randn((self.members, self.channels, *self.grid), generator=generator))
         return torch.cat(fields)
 
@@ -132,16 +131,20 @@ def noise_input_members(
     channels = int(getattr(model, "noise_channels", 0) or 0)
     image = getattr(model, "img_size", None)
     if channels < 1 or image is None:
-        raise ConfigError(
-            "--perturb noise: the model reads no noise (model.noise_channels 0: it was not trained with "
-            "train.loss crps); use --perturb gaussian:SCALE or dropout"
-        )
-
-    def repeat(starts: Sequence[ForecastStart], state: torch.Tensor) -> torch.Tensor:
-        return state.unsqueeze(1).expand(state.shape[0], count - 1, *state.shape[1:])
+        raise ConfigError(f"--perturb noise: {NO_NOISE_INPUTS}; use --perturb gaussian:SCALE or dropout")
 
     noise = ModelNoise(channels, tuple(image), count - 1, seed)
-    return EnsembleMembers(count, repeat, predict, seed, description, noise)
+    return EnsembleMembers(count, control_copies(count), predict, seed, description, noise)
+
+
+def control_copies(count: int) -> Callable[[Sequence[ForecastStart], torch.Tensor], torch.Tensor]:
+    """The ``perturb`` of members that start from the control's state (dropout and noise members differ by the
+    model, not the state): (N, C, H, W) -> (N, count - 1, C, H, W), a view."""
+
+    def copies(starts: Sequence[ForecastStart], state: torch.Tensor) -> torch.Tensor:
+        return state.unsqueeze(1).expand(state.shape[0], count - 1, *state.shape[1:])
+
+    return copies
 
 
 def noise_for_grid(
@@ -223,14 +226,13 @@ def ensemble_members(
                 "model.dropout, set when it was trained): use --perturb gaussian:SCALE"
             )
 
-        def repeat(starts: Sequence[ForecastStart], state: torch.Tensor) -> torch.Tensor:
-            return state.unsqueeze(1).expand(state.shape[0], count - 1, *state.shape[1:])
-
         def predict_with_dropout(state: torch.Tensor) -> torch.Tensor:
             with dropout_on(model):
                 return predict(state)
 
-        return EnsembleMembers(count, repeat, predict_with_dropout, seed, perturbation.describe())
+        return EnsembleMembers(
+            count, control_copies(count), predict_with_dropout, seed, perturbation.describe()
+        )
     if perturbation.kind == NOISE:
         return noise_input_members(count, model, predict, seed, perturbation.describe())
     noise = noise_for_grid(perturbation, latitudes, longitudes, seed)

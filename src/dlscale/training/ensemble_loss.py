@@ -27,6 +27,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from dlscale.runtime.rng import stream_seed
 from dlscale.scoring.ensemble_scores import fair_crps
 from dlscale.scoring.forecast_scores import weighted_grid_mean
 from dlscale.scoring.metrics import latitude_weights
@@ -54,9 +55,8 @@ class MemberNoise:
         self.grid = (int(grid[0]), int(grid[1]))
 
     def sample_seed(self, global_step: int, rollout_step: int, position: int) -> int:
-        entropy = [self.seed, TRAINING_NOISE_STREAM, global_step, rollout_step, position]
-        state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
-        return int(state[0]) << 31 | int(state[1]) >> 1  # below 2**63: a valid manual_seed on every device
+        # halved: below 2**63 (the seeds drawn so far; every generator takes up to 2**64 - 1)
+        return stream_seed([self.seed, TRAINING_NOISE_STREAM, global_step, rollout_step, position]) >> 1
 
     def draw(
         self,
