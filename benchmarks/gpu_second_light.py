@@ -30,7 +30,7 @@ workloads  rest  ladder.py on the U-Net, MNIST and CIFAR configs: the fp32 basel
 tune       rest  ``dlscale tune`` of `short` in a 2-minute box (skipped with less than that left)
 =========  ====  =========================================================================================
 
-``--out`` receives ``second_light.json``, ``second_light.md``, ``second_light.log`` and ``reference.png``.
+``--out`` receives ``second_light.json``, ``second_light.md``, ``second_light.log``, ``reference.png`` and ``models.png``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ REFERENCE_SOURCE = (
 WHEELS = REPO / ".whl"  # ruamel.yaml: the tutorial's YParams reads its YAML with it; the GPU image lacks it
 REFERENCE_REPO = "NERSC/dl-at-scale-training"
 REFERENCE_COMMIT = "cae476341f13108147df57ebcc5045346adb17f1"
-OUT_FILES = ("second_light.json", "second_light.md", "second_light.log", "reference.png")
+OUT_FILES = ("second_light.json", "second_light.md", "second_light.log", "reference.png", "models.png")
 EPOCH_LINE = re.compile(r"Time taken for epoch (\d+) is ([\d.]+) sec, avg ([\d.]+) samples/sec")
 PERFORMANCE_LINE = re.compile(
     r"Performance: ([\d.]+) TFLOP/s per \w+, MFU ([\d.]+)%; peak memory ([\d.]+) GB"
@@ -200,6 +200,7 @@ class SecondLight(Session):
     def __init__(self, args: argparse.Namespace):
         super().__init__(args)
         self.sizes = REHEARSAL if args.rehearse else GPU
+        self.workload_names = set(args.workloads.split(",")) if args.workloads else set()
         self.report["config"] = self.sizes.config
         self.report["reference"] = {"repository": REFERENCE_REPO, "commit": REFERENCE_COMMIT}
 
@@ -210,6 +211,7 @@ class SecondLight(Session):
         rows = ((self.report["parts"].get("reference") or {}).get("rungs")) or []
         if any(row.get("ratio") for row in rows):
             reference_figure(self.report, self.out / "reference.png")
+        models_figure(self.report, self.out / "models.png")
 
 
 # ---- the reference beside dlscale -------------------------------------------------------------------------------
@@ -415,8 +417,9 @@ def part_ceiling(s: Session, deadline: float) -> dict[str, Any]:
 
 def part_workloads(s: Session, deadline: float) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    count = len(s.sizes.workloads)
-    for index, work in enumerate(s.sizes.workloads):
+    chosen = [work for work in s.sizes.workloads if not s.workload_names or work.name in s.workload_names]
+    count = len(chosen)
+    for index, work in enumerate(chosen):
         name = work.name
         box = time.monotonic() + (deadline - time.monotonic()) / (
             count - index
@@ -478,7 +481,8 @@ def part_tune(s: Session, deadline: float) -> dict[str, Any]:
     out = s.scratch / "tune"
     shutil.rmtree(out, ignore_errors=True)
     minutes = min(TUNE_BOX_S, deadline - time.monotonic() - 10) / 60
-    knobs = ("num_data_workers=8", *DLSCALE_BEST)
+    crop = [f"data.img_size=[{s.sizes.img_size[0]}, {s.sizes.img_size[1]}]"] if s.sizes.img_size else []
+    knobs = (f"num_data_workers={s.sizes.workers}", *DLSCALE_BEST, *crop)
     argv = dlscale(
         "tune", "--yaml_config", CONFIG_FILE, "--config", s.sizes.config, "--set", f"data.root={s.data}",
         "--set", f"log.expdir={s.scratch / 'tune_runs'}", *[w for k in knobs for w in ("--set", k)],
@@ -500,8 +504,9 @@ PARTS = (
     Part("reference", 400, part_reference, needs_data=True, min_s=60),
     Part("tests", 70, first_light.part_tests),
     Part("mixers", 180, part_mixers, needs_data=True, min_s=60),
-    Part("workloads", float("inf"), part_workloads, min_s=45),
+    # tune's box is fixed, so it runs before the part that takes the rest of the budget
     Part("tune", TUNE_BOX_S + 15, part_tune, needs_data=True, min_s=TUNE_BOX_S + 10),
+    Part("workloads", float("inf"), part_workloads, min_s=45),
 )
 
 
@@ -574,7 +579,10 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     for name, record in ((parts.get("workloads") or {}).get("by_workload") or {}).items():
         ladder = (record or {}).get("ladder") or {}
         by_rung = {row["rung"]: row for row in ladder.get("rungs", []) if "skipped" not in row}
-        base, top = by_rung.get("baseline"), by_rung.get(record.get("best"))
+        base = by_rung.get("baseline")
+        top, partial = by_rung.get(record.get("best")), None
+        if not top and record.get("partial_best"):
+            top = partial = record["partial_best"]  # the trials it finished before the call's timeout
         if not base or not top:
             continue
         speed = (top.get("FULL") or {}).get("mean", 0) / max(
@@ -585,16 +593,62 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         )
         peak, plan = top.get("peak_memory_gb"), top.get("plan_gb")
         plan_error = (plan - peak) / peak if peak and plan else None
+        plan_text = "-" if plan_error is None else f"{plan:.2f} vs {peak:.2f} GB ({100 * plan_error:+.0f}%)"
+        if partial:
+            finished = ", ".join(
+                f"{len(partial[t]['trials'])} {t}" for t in ("SYNTHETIC", "FULL") if partial.get(t)
+            )
+            plan_text += f" (best rung cut short: {finished} trials)"
         out.append(
             {
                 "target": f"{name}: best rung {record.get('best')} over the fp32 baseline; FULL/SYNTHETIC; plan",
                 "wanted": ">= 4x; >= 0.95; within 15%",
-                "measured": f"{speed:.2f}x; {full_syn:.2f}; "
-                + ("-" if plan_error is None else f"{plan:.2f} vs {peak:.2f} GB ({100 * plan_error:+.0f}%)"),
+                "measured": f"{speed:.2f}x; {full_syn:.2f}; {plan_text}",
                 "met": speed >= 4 and full_syn >= 0.95 and plan_error is not None and abs(plan_error) <= 0.15,
             }
         )
+    tune = parts.get("tune") or {}
+    if tune.get("budget_minutes"):
+        found = tune.get("record") or {}
+        out.append(
+            {
+                "target": "tune finishes inside its box",
+                "wanted": f"<= {tune['budget_minutes']} min",
+                "measured": f"{tune.get('seconds')} s; {len(found.get('trials') or [])} trials after its start; "
+                f"stopped: {found.get('stop_reason', '-')}",
+                "met": bool(tune.get("finished_in_box")),
+            }
+        )
     return out
+
+
+def mixer_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each forecast model's fastest rung beside the attention ViT's, FULL samples/s on the same data and GPU:
+    the ViT from tune's measurement of its best rung (the same bench trials as ladder.py's) and from the
+    reference part's training epochs."""
+    parts = report["parts"]
+    rows = []
+    start = ((((parts.get("tune") or {}).get("record") or {}).get("path")) or [{}])[0].get("full")
+    if start:
+        rows.append({"model": "attention ViT (`short`)", "rung": "compile_graphs, via tune", "full": start})
+    best = (parts.get("reference") or {}).get("dlscale_best") or {}
+    if best.get("summary"):
+        rows.append(
+            {"model": "attention ViT (`short`)", "rung": "compile_graphs, training epochs", "full": best["summary"],
+             "mfu": best.get("mfu"), "peak_memory_gb": best.get("peak_memory_gb")}
+        )  # fmt: skip
+    for name, record in ((parts.get("mixers") or {}).get("by_config") or {}).items():
+        ladder = (record or {}).get("ladder") or {}
+        measured = [row for row in ladder.get("rungs", []) if (row.get("FULL") or {}).get("mean")]
+        if not measured:
+            continue
+        top = max(measured, key=lambda row: row["FULL"]["mean"])
+        rows.append(
+            {"model": name, "rung": top["rung"], "full": summarize(top["FULL"]["trials"]),
+             "mfu": ((top.get("utilization") or {}).get("FULL") or {}).get("mfu"),
+             "peak_memory_gb": top.get("peak_memory_gb")}
+        )  # fmt: skip
+    return rows
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -678,6 +732,38 @@ def markdown(report: dict[str, Any]) -> str:
         from attention_ceiling import markdown as ceiling_markdown
 
         lines += ["", ceiling_markdown(ceiling).replace("# ", "## ", 1)]
+    beside = mixer_rows(report)
+    if len(beside) > 1:
+        lines += [
+            "",
+            "## The forecast models beside the ViT",
+            "",
+            "FULL samples/s, mean (95% CI), on the same synthetic `short` files and GPU; MFU counts each model's "
+            "own FLOPs (AFNO's and SFNO's mixing is FFTs, far fewer FLOPs than attention).",
+            "",
+            "| model | fastest rung | FULL samples/s | MFU | peak GB |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for row in beside:
+            mfu, peak = row.get("mfu"), row.get("peak_memory_gb")
+            lines.append(
+                f"| {row['model']} | {row['rung']} | {_interval(row['full'])} | "
+                f"{'-' if mfu is None else f'{100 * mfu:.1f}%'} | {'-' if peak is None else f'{peak:.2f}'} |"
+            )
+    for name, record in ((parts.get("workloads") or {}).get("by_workload") or {}).items():
+        partial = (record or {}).get("partial_best")
+        if partial:
+            lines += [
+                "",
+                f"## {name}: best rung {partial['rung']} cut short by call {partial.get('call')}'s timeout",
+                "",
+                "Trials it finished (warm-ups excluded): "
+                + "; ".join(
+                    f"{test} {_interval(partial[test])} samples/s over {len(partial[test]['trials'])} trials"
+                    for test in ("SYNTHETIC", "FULL")
+                    if partial.get(test)
+                ),
+            ]
     mixer_ladders = ((parts.get("mixers") or {}).get("by_config") or {}).items()
     workload_ladders = ((parts.get("workloads") or {}).get("by_workload") or {}).items()
     for name, record in [*mixer_ladders, *workload_ladders]:
@@ -694,6 +780,9 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             f"- box {tune['budget_minutes']} min; took {tune.get('seconds')} s; finished: {tune.get('finished_in_box')}",
         ]
+        table = (tune.get("record") or {}).get("table")
+        if table:
+            lines += ["", *table]
     return "\n".join(lines) + "\n"
 
 
@@ -731,44 +820,205 @@ def reference_figure(report: dict[str, Any], path: Path) -> None:
     save_png(figure, path)
 
 
-def combine_records(
-    first: dict[str, Any], second: dict[str, Any], dlscale_logs: dict[str, list[str]], second_command: str
-) -> dict[str, Any]:
-    """One record of two calls: the second's parts are added (replacing a part of the same name), except the
-    reference, whose rungs take the `dlscale train` outputs (``dlscale_logs``: rung name or ``best`` -> lines) that
-    the second call ran because the first ran out of time."""
-    parts = {name: {**record, "call": 1} for name, record in first["parts"].items()}
-    parts.update(
-        {name: {**record, "call": 2} for name, record in second["parts"].items() if name != "reference"}
+def models_figure(report: dict[str, Any], path: Path) -> bool:
+    """The forecast models' samples/s beside the ViT's, and each workload's best rung over its fp32 baseline
+    (SYNTHETIC and FULL) against the 4x target. False when there is nothing to draw."""
+    import matplotlib
+
+    from dlscale.report.figures import save_png
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    beside = mixer_rows(report)
+    speedups = []
+    for name, record in ((report["parts"].get("workloads") or {}).get("by_workload") or {}).items():
+        rungs = {row["rung"]: row for row in ((record or {}).get("ladder") or {}).get("rungs", [])}
+        base, top = rungs.get("baseline"), rungs.get(record.get("best")) or record.get("partial_best")
+        if base and top:
+            ratios = [
+                (top.get(t) or {}).get("mean", 0) / base[t]["mean"] if (base.get(t) or {}).get("mean") else 0
+                for t in ("SYNTHETIC", "FULL")
+            ]
+            speedups.append((f"{name}\n{record.get('best')}", ratios))
+    if len(beside) < 2 and not speedups:
+        return False
+    figure = Figure(figsize=(11, 4.2))
+    left, right = figure.subplots(1, 2)
+    labels = [
+        f"{'ViT' if row['model'].startswith('attention') else row['model']}\n{row['rung'].replace(', ', chr(10))}"
+        for row in beside
+    ]
+    means = [row["full"]["mean"] for row in beside]
+    errors = [row["full"]["mean"] - row["full"]["low"] for row in beside]
+    colours = ["tab:blue" if row["model"].startswith("attention") else "tab:orange" for row in beside]
+    left.bar(range(len(beside)), means, 0.6, yerr=errors, capsize=4, color=colours)
+    left.set_xticks(range(len(beside)), labels, fontsize=8)
+    left.set_ylabel("FULL samples/s (95% CI)")
+    left.set_title("forecast models at `short`'s shape, fastest rung")
+    for offset, index, colour, label in ((-0.2, 0, "tab:gray", "SYNTHETIC"), (0.2, 1, "tab:green", "FULL")):
+        right.bar([i + offset for i in range(len(speedups))], [r[index] for _, r in speedups], 0.4, color=colour,
+                  label=label)  # fmt: skip
+    right.axhline(4.0, color="tab:red", linestyle="--", label="target 4x")
+    right.set_xticks(range(len(speedups)), [name for name, _ in speedups], fontsize=8)
+    right.set_ylabel("best rung / fp32 baseline")
+    right.set_title("the other workloads: best rung over fp32")
+    right.legend(fontsize=8)
+    device = (report["parts"].get("env") or {}).get("device", "")
+    figure.suptitle(f"dlscale on {device}")
+    figure.subplots_adjust(bottom=0.2)  # three-line tick labels
+    save_png(figure, path)
+    return True
+
+
+# The parts whose entries (one ladder per config or workload) are merged entry by entry across calls.
+LADDER_PARTS = {"mixers": "by_config", "workloads": "by_workload"}
+BENCH_TRIAL_LINE = re.compile(r"BENCHY::(SYNTHETIC|FULL)_(\d+)::Trial Throughput: ([0-9.eE+-]+)")
+BENCH_RUNG_LINE = re.compile(r"Overrides: .*\blog\.run_num=(\S+)")
+
+
+def partial_rung(output: Sequence[str], rung: str) -> dict[str, Any] | None:
+    """The trials a ladder's rung finished before its process was stopped, from the bench's own lines (warm-ups
+    excluded): what a call that ran out of time still measured. None when the rung did not start."""
+    current, trials = None, {"SYNTHETIC": [], "FULL": []}
+    for line in output:
+        started = BENCH_RUNG_LINE.search(line)
+        if started:
+            current = started[1]
+        found = BENCH_TRIAL_LINE.search(line)
+        if found and current == rung:
+            trials[found[1]].append(float(found[3]))
+    if not any(trials.values()):
+        return None
+    return {"rung": rung, **{test: summarize(values) for test, values in trials.items() if values}}
+
+
+def ladders_in(folder: Path) -> dict[str, dict[str, Any]]:
+    """``ladder_<name>/*-ladder.json`` records a call wrote into its results folder, by name."""
+    found = {}
+    for path in sorted(folder.glob("ladder_*/*-ladder.json")):
+        found[path.parent.name.removeprefix("ladder_")] = read_json(path)
+    return found
+
+
+def call_record(source: Path, command: str, seconds: float | None = None) -> dict[str, Any]:
+    """One call's record: its second_light.json, or, for a call that ran ladder.py directly into its results
+    folder, a record of those ladders (the mixers' configs under mixers, the workloads under workloads)."""
+    if source.is_file():
+        return json.loads(source.read_text())
+    record_file = source / "second_light.json"
+    record = (
+        json.loads(record_file.read_text())
+        if record_file.is_file()
+        else {"date": None, "command": command, "elapsed_s": seconds, "parts": {}}
     )
+    workloads = {work.name: work for work in WORKLOAD_DATA_GPU}
+    for name, ladder in ladders_in(source).items():
+        record["date"] = record["date"] or ladder.get("date")
+        if name in workloads:
+            work = workloads[name]
+            entry = {
+                "yaml_config": work.yaml_config,
+                "config": work.config,
+                "best": work.best,
+                "ladder": ladder,
+            }
+            part, key = "workloads", "by_workload"
+        else:
+            entry, part, key = {"ladder": ladder}, "mixers", "by_config"
+        record["parts"].setdefault(part, {"status": "ladder.py run directly", "seconds": None, key: {}})
+        record["parts"][part][key][name] = entry
+    return record
+
+
+def _merge_entries(old: dict[str, Any], new: dict[str, Any], call: int) -> dict[str, Any]:
+    """A later call's ladder replaces an earlier one only where it measured at least as many rungs."""
+    merged = dict(old)
+    for name, entry in new.items():
+        rungs = len(((entry or {}).get("ladder") or {}).get("rungs") or [])
+        before = len(((old.get(name) or {}).get("ladder") or {}).get("rungs") or [])
+        if name not in old or rungs and rungs >= before:
+            merged[name] = {**entry, "call": call}
+    return merged
+
+
+def combine_records(
+    first: dict[str, Any],
+    second: dict[str, Any],
+    dlscale_logs: dict[str, list[str]],
+    second_command: str,
+    partial_logs: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """One record of several calls: the later call's parts are added (replacing a part of the same name, except
+    the ladders of mixers and workloads, merged entry by entry), except the reference, whose rungs take the
+    `dlscale train` outputs (``dlscale_logs``: rung name or ``best`` -> lines) that the later call ran because an
+    earlier one ran out of time. ``partial_logs`` (workload -> a ladder's output) adds the trials a workload's best
+    rung finished before the call's timeout stopped it."""
+    calls = list(first.get("calls") or [])
+    if not calls:
+        calls = [{"date": first["date"], "command": first["command"], "elapsed_s": first.get("elapsed_s")}]
+    number = len(calls) + 1
+    parts = {name: {"call": 1, **record} for name, record in first["parts"].items()}
+    for name, record in second["parts"].items():
+        if name == "reference":
+            continue
+        key = LADDER_PARTS.get(name)
+        if key and name in parts:
+            before = parts[name]
+            entries = _merge_entries(before.get(key) or {}, record.get(key) or {}, number)
+            seconds = [
+                x for x in (before.get("seconds"), record.get("seconds")) if isinstance(x, (int, float))
+            ]
+            parts[name] = {
+                **before, key: entries, "call": f"{before.get('call')}, {number}",
+                "status": f"{before.get('status')} (call {before.get('call')}); {record.get('status')} (call {number})",
+                "seconds": round(sum(seconds), 1) if seconds else None,
+            }  # fmt: skip
+        else:
+            parts[name] = {**record, "call": number}
+            if key:
+                parts[name][key] = {
+                    entry: {**found, "call": number} for entry, found in (record.get(key) or {}).items()
+                }
+    for name, lines in (partial_logs or {}).items():
+        workloads = parts.setdefault("workloads", {"status": "ok", "by_workload": {}})["by_workload"]
+        entry = workloads.setdefault(name, {})
+        best = entry.get("best") or next(w.best for w in WORKLOAD_DATA_GPU if w.name == name)
+        found = partial_rung(lines, best)
+        if found:
+            workloads[name] = {**entry, "best": best, "partial_best": {**found, "call": number}}
     reference = parts.get("reference")
     if reference and dlscale_logs:
         for row in reference["rungs"]:
             if row["rung"] in dlscale_logs:
-                row["dlscale"] = {"call": 2, **epoch_trials(dlscale_logs[row["rung"]])}
+                row["dlscale"] = {"call": number, **epoch_trials(dlscale_logs[row["rung"]])}
                 finish_row(row)
         if "best" in dlscale_logs:
-            best = {"call": 2, "knobs": list(DLSCALE_BEST), **epoch_trials(dlscale_logs["best"])}
+            best = {"call": number, "knobs": list(DLSCALE_BEST), **epoch_trials(dlscale_logs["best"])}
             best["summary"] = summarize(best["trials"])
             best["ratio_to_reference_best"] = compare(
                 best["trials"], (reference["rungs"][-1].get("reference") or {}).get("trials") or []
             )
             reference["dlscale_best"] = best
     merged = {**first, "parts": parts}
+    command = second_command or second["command"]
     merged["calls"] = [
-        {"date": first["date"], "command": first["command"], "elapsed_s": first.get("elapsed_s")},
-        {
-            "date": second["date"],
-            "command": second_command or second["command"],
-            "elapsed_s": second.get("elapsed_s"),
-        },
+        *calls,
+        {"date": second["date"], "command": command, "elapsed_s": second.get("elapsed_s")},
     ]
-    merged["command"] = f"{first['command']}; then {second_command or second['command']}"
+    merged["command"] = f"{first['command']}; then {command}"
     return merged
 
 
 def combine(
-    first: Path, second: Path, logs: Sequence[str], second_command: str, out: Path, notes: Sequence[str] = ()
+    first: Path,
+    second: Path,
+    logs: Sequence[str],
+    second_command: str,
+    out: Path,
+    notes: Sequence[str] = (),
+    partial_logs: Sequence[str] = (),
+    second_seconds: float | None = None,
 ) -> int:
     dlscale_logs = {}
     for item in logs:
@@ -778,15 +1028,28 @@ def combine(
                 f"--dlscale-log: expected RUNG=LOG with RUNG one of {[r.name for r in RUNGS]} or best"
             )
         dlscale_logs[rung] = Path(path).read_text().splitlines()
+    partial = {}
+    for item in partial_logs:
+        name, _, path = item.partition("=")
+        if name not in {w.name for w in WORKLOAD_DATA_GPU} or not path:
+            raise SystemExit(
+                f"--partial-log: expected WORKLOAD=LOG with WORKLOAD one of {[w.name for w in WORKLOAD_DATA_GPU]}"
+            )
+        partial[name] = Path(path).read_text().splitlines()
     merged = combine_records(
-        json.loads(first.read_text()), json.loads(second.read_text()), dlscale_logs, second_command
+        json.loads(first.read_text()),
+        call_record(second, second_command, second_seconds),
+        dlscale_logs,
+        second_command,
+        partial,
     )
-    merged["notes"] = list(notes)
+    merged["notes"] = [*(merged.get("notes") or []), *notes]
     out.mkdir(parents=True, exist_ok=True)
     first_light.write_atomically(out / "second_light.json", json.dumps(merged, indent=2) + "\n")
     first_light.write_atomically(out / "second_light.md", markdown(merged))
     if any(row.get("ratio") for row in merged["parts"].get("reference", {}).get("rungs", [])):
         reference_figure(merged, out / "reference.png")
+    models_figure(merged, out / "models.png")
     return 0
 
 
@@ -812,6 +1075,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--parts", help=f"comma-separated parts (default all: {','.join(p.name for p in PARTS)})"
     )
+    parser.add_argument(
+        "--workloads",
+        help=f"comma-separated workloads of the workloads part (default all: {','.join(w.name for w in WORKLOAD_DATA_GPU)})",
+    )
     parser.add_argument("--scratch", default="/tmp/dlscale-second-light", help="data, runs and logs")
     parser.add_argument("--rehearse", action="store_true", help="on the CPU, at tiny sizes")
     parser.add_argument("--cosmo-box", nargs=3, metavar=("OUT", "TRAIN", "VALID"), help=argparse.SUPPRESS)
@@ -819,8 +1086,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--combine",
         nargs=2,
         type=Path,
-        metavar="JSON",
-        help="merge a second call's record into the first's, in --out",
+        metavar=("JSON", "LATER"),
+        help="merge a later call's record (its JSON, or its results folder, where ladder_<name>/ folders of "
+        "ladder.py runs are taken too) into the record of the earlier calls, in --out",
     )
     parser.add_argument(
         "--dlscale-log",
@@ -830,6 +1098,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="with --combine: the output of a `dlscale train` of a reference rung (or `best`) run in the second call",
     )
     parser.add_argument("--second-command", default="", help="with --combine: the second call's command line")
+    parser.add_argument(
+        "--partial-log",
+        action="append",
+        default=[],
+        metavar="WORKLOAD=LOG",
+        help="with --combine: a workload ladder's output whose best rung the call's timeout stopped",
+    )
+    parser.add_argument(
+        "--second-seconds",
+        type=float,
+        help="with --combine: the later call's wall seconds, when it has no record",
+    )
     parser.add_argument("--note", action="append", default=[], help="with --combine: a note for the report")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -843,8 +1123,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cosmo_box:
         return write_cosmo_box(*args.cosmo_box)
     if args.combine:
-        return combine(*args.combine, args.dlscale_log, args.second_command, Path(args.out), args.note)
+        first, later = args.combine
+        return combine(
+            first, later, args.dlscale_log, args.second_command, Path(args.out), args.note, args.partial_log,
+            args.second_seconds,
+        )  # fmt: skip
     parts = first_light.chosen_parts(args.parts, PARTS)  # a wrong name ends here, before any folder is made
+    known = {work.name for work in WORKLOAD_DATA_GPU}
+    if args.workloads and not set(args.workloads.split(",")) <= known:
+        raise SystemExit(f"--workloads: {args.workloads!r}; expected names among {sorted(known)}")
     session = SecondLight(args)
     session.report["command"] = "PYTHONPATH=src python3 " + " ".join(
         ["benchmarks/gpu_second_light.py", *args.argv]

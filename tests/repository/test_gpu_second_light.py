@@ -174,3 +174,119 @@ def test_the_mixers_ladders_are_reported_beside_the_workloads():
     assert [part.name for part in second_light.PARTS].index("mixers") < [
         part.name for part in second_light.PARTS
     ].index("workloads")  # the issue's models before the other workloads
+
+
+def ladder_record(*rungs: tuple[str, float, float]) -> dict:
+    """The committed H100 ladder record with rungs of the given (name, SYNTHETIC, FULL) means."""
+    ladder = json.loads((RESULTS / "2026-11-26-nvidia-h100-80gb-hbm3-ladder.json").read_text())
+    template, rows = ladder["rungs"][0], []
+    for name, synthetic, full in rungs:
+        row = json.loads(json.dumps(template))
+        row["rung"] = name
+        row["SYNTHETIC"].update(mean=synthetic, trials=[synthetic] * 3)
+        row["FULL"].update(mean=full, trials=[full * 0.99, full, full * 1.01])
+        row.update(peak_memory_gb=10.0, plan_gb=10.5)
+        rows.append(row)
+    return {**ladder, "date": "2026-11-28T15:51:20", "rungs": rows}
+
+
+BENCH_LOG = [
+    "2026-11-28 15:52:30 - dlscale.bench - INFO - Overrides: data.root=/d log.run_num=baseline bench.nwarmup=1",
+    "2026-11-28 15:52:44 - dlscale.bench - INFO - BENCHY::SYNTHETIC_0::Trial Throughput: 997.8",
+    "2026-11-28 15:53:58 - dlscale.bench - INFO - Overrides: data.root=/d log.run_num=fp16_compile bench.nwarmup=1",
+    "2026-11-28 15:54:08 - dlscale.bench - INFO - BENCHY::SYNTHETIC_WARMUP_0::Trial Throughput: 1679.4",
+    "2026-11-28 15:54:08 - dlscale.bench - INFO - BENCHY::SYNTHETIC_0::Trial Throughput: 1680.8",
+    "2026-11-28 15:54:09 - dlscale.bench - INFO - BENCHY::SYNTHETIC_1::Trial Throughput: 1682.4",
+    "2026-11-28 15:54:14 - dlscale.bench - INFO - BENCHY::FULL_WARMUP_0::Trial Throughput: 140.7",
+    "2026-11-28 15:54:19 - dlscale.bench - INFO - BENCHY::FULL_0::Trial Throughput: 117.7",
+    "2026-11-28 15:54:19 - dlscale.bench - INFO - BENCHY::FULL_0::Average Iteration Throughput: 120.7",
+    "2026-11-28 15:54:24 - dlscale.bench - INFO - BENCHY::FULL_1::Trial Throughput: 118.7",
+]
+
+
+def test_a_rung_cut_short_keeps_the_trials_it_finished_and_only_its_own():
+    found = second_light.partial_rung(BENCH_LOG, "fp16_compile")
+    assert found["SYNTHETIC"]["trials"] == [1680.8, 1682.4]  # not the baseline's, not the warm-up
+    assert found["FULL"]["trials"] == [117.7, 118.7]
+    assert second_light.partial_rung(BENCH_LOG, "cuda_graphs") is None  # never started
+
+
+def test_later_calls_are_numbered_on_and_keep_the_fuller_ladders(tmp_path: Path):
+    first = record([rung_row("fp32", [14.0, 13.0, 15.0], [14.5, 14.0, 15.0])])
+    first["parts"]["reference"]["reference"] = {"config": "bench: {}", "environment": {"SLURM_PROCID": 0}}
+    first["parts"]["reference"]["dlscale_best"] = {
+        "summary": second_light.summarize([160.0, 161.0, 162.0]),
+        "mfu": 0.236,
+    }
+    first["parts"]["workloads"] = {
+        "status": "timed out",
+        "seconds": 30.0,
+        "by_workload": {
+            "mnist": {"best": "bf16_graphs", "ladder": ladder_record(("baseline", 90.0, 10.0))},
+            "cifar": {"best": "cuda_graphs", "ladder": None},
+        },
+    }
+    third = {
+        "date": "2026-11-28T15:42:26+00:00",
+        "command": "third",
+        "elapsed_s": 518.3,
+        "parts": {
+            "workloads": {
+                "status": "timed out",
+                "seconds": 204.1,
+                "by_workload": {
+                    "cifar": {"best": "cuda_graphs", "ladder": ladder_record(("baseline", 980, 624), ("cuda_graphs", 1179, 1152))},
+                    "mnist": {"best": "bf16_graphs", "ladder": None},  # timed out before its record: not a loss
+                },
+            }
+        },
+    }  # fmt: skip
+    merged = second_light.combine_records(first, third, {}, "")
+    # a record without calls was one call: the later one is call 2, then 3 after it
+    assert [call["command"] for call in merged["calls"]] == ["first", "third"]
+    entries = merged["parts"]["workloads"]["by_workload"]
+    assert entries["cifar"]["call"] == 2 and len(entries["cifar"]["ladder"]["rungs"]) == 2
+    assert entries["mnist"] == first["parts"]["workloads"]["by_workload"]["mnist"]  # the earlier ladder stays
+    assert merged["parts"]["workloads"]["status"] == "timed out (call 1); timed out (call 2)"
+    assert merged["parts"]["workloads"]["seconds"] == 234.1
+    # a call that ran ladder.py into its results folder (no record of its own)
+    folder = tmp_path / "call"
+    for name, ladder in (
+        ("unet", ladder_record(("baseline", 997.5, 55.6))),
+        ("sfno_short", ladder_record(("compile_graphs", 266.6, 237.1))),
+    ):
+        (folder / f"ladder_{name}").mkdir(parents=True)
+        (folder / f"ladder_{name}" / "2026-11-28-nvidia-h200-ladder.json").write_text(json.dumps(ladder))
+    (folder / "unet.log").write_text("\n".join(BENCH_LOG))
+    out = tmp_path / "merged"
+    (tmp_path / "first.json").write_text(json.dumps(merged))
+    second_light.combine(
+        tmp_path / "first.json", folder, [], "ladders", out, ["a note"], [f"unet={folder / 'unet.log'}"], 193.8
+    )  # fmt: skip
+    final = json.loads((out / "second_light.json").read_text())
+    assert final["calls"][-1] == {"date": "2026-11-28T15:51:20", "command": "ladders", "elapsed_s": 193.8}
+    assert final["parts"]["mixers"]["by_config"]["sfno_short"]["call"] == 3
+    unet = final["parts"]["workloads"]["by_workload"]["unet"]
+    assert unet["best"] == "fp16_compile" and unet["partial_best"]["FULL"]["trials"] == [117.7, 118.7]
+    assert final["notes"][-1] == "a note"
+    rows = {row["target"].split(":")[0]: row for row in second_light.targets(final)}
+    assert rows["unet"]["measured"].startswith(f"{118.2 / 55.6:.2f}x; {118.2 / 1681.6:.2f}; ")
+    assert "best rung cut short: 2 SYNTHETIC, 2 FULL trials" in rows["unet"]["measured"]
+    assert not rows["unet"]["met"]
+    assert rows["cifar"]["measured"].startswith(f"{1152 / 624:.2f}x")
+    text = (out / "second_light.md").read_text()
+    assert "| attention ViT (`short`) | compile_graphs, training epochs | 161.0 (" in text
+    assert "| sfno_short | compile_graphs | 237.1 (" in text  # beside the ViT
+    assert "## unet: best rung fp16_compile cut short by call 3's timeout" in text
+    assert (out / "models.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_tune_is_met_only_when_it_finished_inside_its_box():
+    report = record([])
+    tune = {"record": {"trials": [], "stop_reason": "the budget (2 min) would be spent by the next trial"}}
+    report["parts"]["tune"] = {"budget_minutes": 2.0, "seconds": 88.1, "finished_in_box": True, **tune}
+    (row,) = [t for t in second_light.targets(report) if t["target"].startswith("tune")]
+    assert row["met"] and "0 trials after its start" in row["measured"] and "next trial" in row["measured"]
+    report["parts"]["tune"]["finished_in_box"] = False  # killed at the box's end
+    (row,) = [t for t in second_light.targets(report) if t["target"].startswith("tune")]
+    assert not row["met"]
