@@ -64,18 +64,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--crps-run", default="runs/crps_demo/ft")
     parser.add_argument("--finetune-iters", type=int, default=400)
+    parser.add_argument("--cost-members", type=int, nargs="+", default=[1, 2, 4, 8])
+    add_block_arguments(parser, lead="10d", days=[1, 3, 5, 10])
+    return parser.parse_args(argv)
+
+
+def add_block_arguments(parser: argparse.ArgumentParser, lead: str, days: list[float]) -> None:
+    """The options of an ensemble benchmark scored over blocks of initial times (this one's and
+    channel_perturbation_skill.py's): the one-scale perturbation, the sizes, the split and lead, the blocks, the
+    channels and days reported, and where the record goes."""
     parser.add_argument("--perturb", default="gaussian:0.75")
     parser.add_argument("--members", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--split", default="test")
-    parser.add_argument("--lead", default="10d")
+    parser.add_argument("--lead", default=lead)
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--per-block", type=int, default=3)
     parser.add_argument("--channels", nargs="+", default=["z500", "t850", "t2m", "u10"])
-    parser.add_argument("--days", type=float, nargs="+", default=[1, 3, 5, 10])
-    parser.add_argument("--cost-members", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--days", type=float, nargs="+", default=days)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--from-json", type=Path, help="write the Markdown and PNG of this record again")
-    return parser.parse_args(argv)
 
 
 def fine_tune(args: argparse.Namespace) -> dict[str, Any]:
@@ -268,15 +275,20 @@ def plot(record: dict[str, Any], path: Path) -> None:
             kind, size = label.split()
             style = "-" if size == str(record["members"][0]) else ":"  # the sizes of one kind nearly overlap
             axis.plot(leads[1:], means, label=label, color="C0" if kind == "crps" else "C1", linestyle=style)
-        axis.axhspan(*BAND, color="0.85", zorder=0)
-        axis.axhline(1.0, color="black", linewidth=0.8)
-        axis.set_title(name)
-        axis.set_xlabel("lead (days)")
-        axis.set_ylabel("spread/skill")
-        axis.grid(alpha=0.3)
+        ratio_panel(axis, name)
     axes[0].legend(fontsize=8)
     figure.suptitle("CRPS-trained vs gaussian-perturbed ensembles: spread/skill (grey: the calibrated band)")
     figure.savefig(path, dpi=110)
+
+
+def ratio_panel(axis: Any, name: str) -> None:
+    """A channel's spread/skill panel: the calibrated band shaded, 1 drawn, its labels."""
+    axis.axhspan(*BAND, color="0.85", zorder=0)
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_title(name)
+    axis.set_xlabel("lead (days)")
+    axis.set_ylabel("spread/skill")
+    axis.grid(alpha=0.3)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ dlscale plan --yaml_config configs/vit_era5.yaml --config mp --gpus 4   # memory
 dlscale export runs/short/00 --out exports/short                        # the model without the run
 dlscale evaluate runs/short/00 --split test --checkpoint best            # metrics on held-out data (eval/)
 dlscale forecast runs/short/00 --lead 10d                                # rollouts scored per lead (forecast/)
+dlscale fit-perturbation runs/short/00 --lead 5d       # per-channel ensemble scales (--perturb gaussian:auto)
 dlscale score forecast.zarr --truth era5.zarr --compare ifs=hres.zarr     # forecasts in WeatherBench2's layout
 """
 
@@ -33,6 +34,7 @@ from dlscale.commands.options import (
     add_bench_arguments,
     add_evaluate_arguments,
     add_export_arguments,
+    add_fit_perturbation_arguments,
     add_forecast_arguments,
     add_monitor_arguments,
     add_plan_arguments,
@@ -238,6 +240,17 @@ def build_parser() -> argparse.ArgumentParser:
         early_check="dlscale.commands.trained_run_checks:check_forecast_command",
     )
     add_forecast_arguments(forecast)
+
+    fit = commands.add_parser(
+        "fit-perturbation",
+        help="fit per-channel scales of --perturb gaussian on the validation split, so that each channel's "
+        "spread/skill at a lead is 1 (perturbation_scales.json, read by --perturb gaussian:auto)",
+    )
+    fit.set_defaults(
+        run="dlscale.commands.fit_perturbation:run_fit_perturbation",
+        early_check="dlscale.commands.fit_perturbation:check_fit_perturbation_command",
+    )
+    add_fit_perturbation_arguments(fit)
 
     score = commands.add_parser(
         "score",

@@ -158,7 +158,8 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
         "on data with a climatology by day of year (stats/climatology.zarr). Each option that differs adds a part, "
         "in this order: lead2d (--lead 2d or 48h), every1d (--init every:1d), init8 (--init-count 8), netcdf or "
         "zarr (--write; netcdf-short with --names short), the ACC's reference, ens8-gaussian0.75 (--members 8 "
-        "--perturb gaussian:0.75; ens8-gaussian0.1-250km, ens8-dropout), set-<hash> (--set changes). The ACC's "
+        "--perturb gaussian:0.75; ens8-gaussian0.1-250km, ens8-dropout, ens8-noise, ens8-gaussianauto, "
+        "ens8-gaussianfile-<hash>), set-<hash> (--set changes). The ACC's "
         "reference is named by what was used: clim-timemean for the one mean field, whether --climatology "
         "time-mean asked for it or the data has no climatology by day of year yet (its ACC is not comparable with "
         "WeatherBench2's; dlscale data climatology --root ROOT builds one), clim-<hash> for --climatology PATH, "
@@ -227,14 +228,55 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--perturb",
-        metavar="gaussian:SCALE[:LENGTH_KM]|dropout",
+        metavar="gaussian:SCALE[:LENGTH_KM]|gaussian:auto|gaussian:FILE.json|dropout|noise",
         help="how an ensemble's members differ: initial-state noise of SCALE x each channel's standard deviation "
         f"over the training data ({MIN_SCALE:g} to {MAX_SCALE:g}; the log says it in each channel's unit), "
         "correlated over LENGTH_KM (default 500 km; 0: white noise; at most "
-        f"{HALF_CIRCUMFERENCE_KM:,.0f} km, half the Earth's circumference), or the model's dropout kept on",
+        f"{HALF_CIRCUMFERENCE_KM:,.0f} km, half the Earth's circumference); gaussian:auto, per-channel scales "
+        "that dlscale fit-perturbation fitted for the run (or gaussian:FILE.json, such a file); the model's "
+        "dropout kept on; or noise, the own noise inputs of a model trained with train.loss crps",
     )
     add_figures_switch(parser)
     add_trained_config_changes(parser, "data.root=/scratch/era5 or train.amp_mode=bf16")
+
+
+def add_fit_perturbation_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dlscale fit-perturbation`` (see dlscale.run.perturbation_fit)."""
+    parser.epilog = (
+        "Forecasts the validation split's initial times as an ensemble, iteration after iteration, dividing each "
+        "channel's scale by its spread/skill ratio at --lead, until every ratio is within a factor 1.1 of 1 or the "
+        "iterations end; writes the best iteration's scales to RUN_DIR/perturbation_scales.json (every "
+        "iteration's scales and ratios in it too). Then: dlscale forecast RUN_DIR --members 16 --perturb "
+        "gaussian:auto. Each iteration is a forecast under RUN_DIR/forecast/ (the next replaces it)."
+    )
+    add_checkpoint_choice(parser, "target")
+    parser.add_argument(
+        "--lead", default="5d", help="the lead whose spread/skill is fitted to 1 (default 5d)"
+    )
+    parser.add_argument("--members", type=int, default=16, metavar="N", help="ensemble members (default 16)")
+    parser.add_argument(
+        "--init-count", type=int, default=16, metavar="N",
+        help="validation initial times, spread evenly over the split (default 16)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--start", type=float, default=0.75, metavar="SCALE",
+        help="the first iteration's scale for every channel, in standard deviations (default 0.75)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--length-km", type=float, metavar="KM",
+        help="the noise's correlation length (default: 500 km on a latitude-longitude grid; 0: white noise)",
+    )  # fmt: skip
+    parser.add_argument("--iterations", type=int, default=4, help="forecasts at most (default 4)")
+    parser.add_argument(
+        "--channels", metavar="NAMES",
+        help="comma-separated channels whose spread/skill is fitted, e.g. z500,t850,t2m,u10 (default: all the "
+        "model's; every channel keeps a scale)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", metavar="FILE", help="where to write (default RUN_DIR/perturbation_scales.json)"
+    )
+    parser.add_argument("--batch-size", type=int, metavar="N", help="initial times rolled out together")
+    add_trained_config_changes(parser, "data.root=/scratch/era5")
 
 
 def add_figures_switch(parser: argparse.ArgumentParser) -> None:

@@ -17,7 +17,8 @@ from pathlib import Path
 from dlscale.checkpoint.trained_run import CHOICES, CONFIG_FILE, expects
 from dlscale.errors import CheckpointError, ConfigError
 from dlscale.run.durations import init_every_hours, lead_hours, parse_init_date
-from dlscale.scoring.perturbation_spec import check_ensemble_options
+from dlscale.scoring.perturbation_scales import read_scales, scales_source
+from dlscale.scoring.perturbation_spec import AUTO, check_ensemble_options
 
 
 def check_checkpoint_target(target: str | Path, checkpoint: str | None, command: str) -> None:
@@ -63,7 +64,11 @@ def check_forecast_command(args: argparse.Namespace) -> None:
         raise ConfigError(f"--init-count {args.init_count}: expected a number of initial times >= 1")
     if args.batch_size is not None and args.batch_size < 1:
         raise ConfigError(f"--batch-size {args.batch_size}: expected a number of initial times >= 1")
-    check_ensemble_options(args.members, args.perturb, noise_model=None)  # the model is read later
+    perturbation = check_ensemble_options(args.members, args.perturb, noise_model=None)  # model read later
+    if perturbation is not None and perturbation.scales_from not in (None, AUTO):
+        # a scales file that cannot be read is said now (its channels are checked against the data's later, and
+        # gaussian:auto's file once the run directory is known)
+        read_scales(scales_source(perturbation.scales_from, None))
     if args.names is not None and args.write is None:
         raise ConfigError(
             f"--names {args.names}: names the variables of the file --write writes; add --write netcdf or zarr"

@@ -82,6 +82,7 @@ from dlscale.runtime.distributed import (
 from dlscale.runtime.launch import ProcessInfo, detect_process
 from dlscale.runtime.rng import seed_everything
 from dlscale.runtime.storage import probe_creatable, require_free_space
+from dlscale.scoring.perturbation_scales import with_channel_scales
 from dlscale.scoring.perturbation_spec import GAUSSIAN, Perturbation, check_ensemble_options
 from dlscale.scoring.perturbations import ensemble_members, noise_in_units
 from dlscale.scoring.rollout import EnsembleMembers, Rollout, roll_out
@@ -113,6 +114,8 @@ class ForecastOptions:
     members: int = 1  # an ensemble's members, the control (the deterministic forecast) included
     perturb: str | None = None  # how the members differ: gaussian:SCALE[:LENGTH_KM] or dropout
     figures: bool = True  # the PNGs beside scores.json (seconds each; a loop of forecasts may not want them)
+    # channels a caller needs the data to hold (fit-perturbation's --channels), checked before anything is written
+    require_channels: tuple[str, ...] = ()
 
 
 @dataclass
@@ -168,6 +171,11 @@ def _forecast(
         )
     trajectories = workload.forecast_data(cfg.data, options.split)
     headline_channels(trajectories)  # a wrong headline_channels fails here, before the rollout
+    unknown = [name for name in options.require_channels if name not in trajectories.channel_names]
+    if unknown:
+        raise ConfigError(
+            f"--channels: {', '.join(unknown)} not among the data's channels ({', '.join(trajectories.channel_names)})"
+        )
     steps = lead_steps(options.lead, trajectories.step_hours)
     candidates = trajectories.starts()
     where = f"in the {options.split} split"
@@ -202,6 +210,10 @@ def _forecast(
     predict = Precision(cfg.train.amp_mode, device).wrap_inference(model)
     members = None
     if perturbation is not None:
+        # gaussian:auto / FILE: the per-channel scales, checked against the data's channels
+        perturbation = with_channel_scales(
+            perturbation, evaluation.source.run_dir, trajectories.channel_names
+        )
         latitudes, longitudes = trajectories.latitudes, trajectories.longitudes
         seed = cfg.train.seed
         members = ensemble_members(perturbation, options.members, latitudes, longitudes, model, predict, seed)
@@ -232,7 +244,8 @@ def _forecast(
                 len(trajectories.latitudes),
                 len(trajectories.longitudes),
             )
-            noise = noise_in_units(perturbation.scale, trajectories.to_physical, grid)
+            scale = perturbation.channel_scales or perturbation.scale
+            noise = noise_in_units(scale, trajectories.to_physical, grid)
             shown = headline_channels(trajectories).names
             sizes = perturbation_size_text(noise, trajectories.channel_names, trajectories.units, shown)
             in_units = f"; in the channels' units, its standard deviation at each point: {sizes}"
@@ -296,6 +309,12 @@ def _forecast(
     document = forecast_document(rollout, trajectories, identity, [start.describe() for start in starts])
     if noise is not None:
         document["ensemble"]["perturbation_std"] = perturbation_std_entry(noise, trajectories.channel_names)
+    if perturbation is not None and perturbation.channel_scales is not None:
+        document["ensemble"]["perturbation_scales"] = {
+            "file": perturbation.scales_from,
+            "scales": dict(zip(trajectories.channel_names, perturbation.channel_scales, strict=True)),
+            "length_km": perturbation.length_km,
+        }
 
     def write() -> None:
         written = _write(

@@ -20,7 +20,8 @@ that differs from its default adds a short part, written the same way whatever w
   WeatherBench2 reports) adds nothing, so the same command before and after ``dlscale data climatology`` writes
   two directories;
 * ``ens8-gaussian0.75``: ``--members 8 --perturb gaussian:0.75`` (``ens8-gaussian0.1-250km`` with a length,
-  ``ens8-dropout``);
+  ``ens8-dropout``, ``ens8-noise``; ``ens8-gaussianauto`` for the run's fitted per-channel scales and
+  ``ens8-gaussianfile-<8 hex>`` for a scales file, a hash of its absolute path);
 * ``set-<8 hex>``: the ``--set`` changes (a hash of the keys, written in their sections, and their values; the
   last value of a key counts). Those of the ``parallel`` and ``loader`` sections only say how the work is laid
   out and read, not what it computes, and leave the name alone, as ``--batch-size`` does.
@@ -40,7 +41,7 @@ from pathlib import Path
 from dlscale.run.durations import init_every_hours, parse_duration_hours, parse_init_date
 from dlscale.run.forecast_times import DEFAULT_INIT, DEFAULT_LEAD
 from dlscale.runtime.strict_json import to_json
-from dlscale.scoring.perturbation_spec import GAUSSIAN, parse_perturbation
+from dlscale.scoring.perturbation_spec import AUTO, GAUSSIAN, parse_perturbation
 
 # Sections whose keys change how the work is laid out or read, never the numbers.
 LAYOUT_SECTIONS = frozenset({"parallel", "loader"})
@@ -95,6 +96,12 @@ def _ensemble_label(members: int, perturb: str | None) -> str:
     spec = parse_perturbation(perturb or "")
     if spec.kind != GAUSSIAN:
         return f"ens{members}-{spec.kind}"
+    if spec.scales_from == AUTO:
+        return f"ens{members}-gaussianauto"
+    if spec.scales_from is not None:  # a scales file: named by its absolute path
+        return (
+            f"ens{members}-gaussianfile-{short_hash([str(Path(spec.scales_from).expanduser().absolute())])}"
+        )
     length = f"-{spec.length_km:g}km" if spec.length_km is not None else ""
     return f"ens{members}-gaussian{spec.scale:g}{length}"
 

@@ -1,5 +1,6 @@
 """``--perturb``: what makes an ensemble's members differ, as the user writes it (``gaussian:SCALE[:LENGTH_KM]``,
-``dropout``, or ``noise`` for a model with noise inputs), checked before torch is imported; :mod:`dlscale.scoring.perturbations` makes the members.
+``gaussian:auto`` or ``gaussian:FILE.json`` for per-channel scales, ``dropout``, or ``noise`` for a model with noise
+inputs), checked before torch is imported; :mod:`dlscale.scoring.perturbations` makes the members.
 
 The bounds and why:
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from dlscale.errors import ConfigError
 
 GAUSSIAN, DROPOUT, NOISE = "gaussian", "dropout", "noise"
+AUTO = "auto"  # gaussian:auto: the run's own fitted per-channel scales
 NO_NOISE_INPUTS = "the model reads no noise (model.noise_channels 0: it was not trained with train.loss crps)"
 MIN_SCALE, MAX_SCALE = 1e-6, 10.0  # standard deviations of each channel (see the module's docstring)
 # The Earth's radius WeatherBench2 uses (dlscale.scoring.spectra.EARTH_RADIUS_M; that module imports torch).
@@ -39,6 +41,10 @@ class Perturbation:
     kind: str
     scale: float = 0.0
     length_km: float | None = None
+    # gaussian:auto or gaussian:FILE.json: scales per channel from a file (dlscale.scoring.perturbation_scales),
+    # read once the run is known; channel_scales holds them then, in the data's channel order
+    scales_from: str | None = None
+    channel_scales: tuple[float, ...] | None = None
 
     def describe(self) -> str:
         if self.kind == DROPOUT:
@@ -46,20 +52,32 @@ class Perturbation:
         if self.kind == NOISE:
             return "the model's own noise inputs, drawn anew for every member and step (zero in the control)"
         length = "the grid's default length" if self.length_km is None else f"{self.length_km:g} km"
+        if self.scales_from is not None:
+            return f"Gaussian initial-state noise of per-channel scales ({self.scales_from}), correlated over {length}"
         return f"Gaussian initial-state noise of {self.scale:g} standard deviations, correlated over {length}"
 
 
 def parse_perturbation(text: str) -> Perturbation:
-    """``gaussian:SCALE[:LENGTH_KM]`` or ``dropout`` -> a :class:`Perturbation`; anything else is a ConfigError
-    naming the option and what it expects."""
+    """``gaussian:SCALE[:LENGTH_KM]``, ``gaussian:auto``, ``gaussian:FILE.json``, ``dropout`` or ``noise`` -> a
+    :class:`Perturbation`; anything else is a ConfigError naming the option and what it expects."""
     expected = (
-        "expected gaussian:SCALE[:LENGTH_KM] (e.g. gaussian:0.05 or gaussian:0.05:500), dropout, or noise (a "
-        "model trained with train.loss crps)"
+        "expected gaussian:SCALE[:LENGTH_KM] (e.g. gaussian:0.05 or gaussian:0.05:500), gaussian:auto or "
+        "gaussian:FILE.json (per-channel scales, dlscale fit-perturbation), dropout, or noise (a model trained "
+        "with train.loss crps)"
     )
     parts = text.strip().split(":")
     kind = parts[0].strip().lower()
     if kind in (DROPOUT, NOISE) and len(parts) == 1:
         return Perturbation(kind)
+    rest = text.strip()[len(parts[0]) + 1 :].strip()
+    if kind == GAUSSIAN and (rest.lower() == AUTO or rest.lower().endswith(".json")):
+        # a path may hold colons itself, so everything after gaussian: is the file; its length is the file's
+        return Perturbation(GAUSSIAN, scales_from=AUTO if rest.lower() == AUTO else rest)
+    if kind == GAUSSIAN and len(parts) >= 2 and parts[1].strip().lower() == AUTO:
+        raise ConfigError(
+            f"--perturb {text!r}: gaussian:auto takes no LENGTH_KM: the scales were fitted with a length, which "
+            "their file holds"
+        )
     if kind != GAUSSIAN or len(parts) not in (2, 3):
         raise ConfigError(f"--perturb {text!r}: {expected}")
     scale = _number(parts[1], text, "SCALE")

@@ -173,7 +173,7 @@ def _on_the_sphere(latitudes: np.ndarray, longitudes: np.ndarray) -> bool:
 
 
 def noise_in_units(
-    scale: float, to_physical: Callable[[torch.Tensor], torch.Tensor], shape: Sequence[int]
+    scale: float | Sequence[float], to_physical: Callable[[torch.Tensor], torch.Tensor], shape: Sequence[int]
 ) -> np.ndarray:
     """(C, H, W) float64: the standard deviation of ``gaussian:SCALE``'s noise at each point in the channels'
     physical units. The noise (``scale`` standard deviations of the normalized state at every point) is added
@@ -181,7 +181,11 @@ def noise_in_units(
     step of ``scale`` there to its size in physical units: ``scale x std`` of each channel for a workload that
     normalizes as ``(x - mean) / std``."""
     zero = torch.zeros((1, *shape), dtype=torch.float64)
-    step = torch.full((1, *shape), float(scale), dtype=torch.float64)
+    if isinstance(scale, (int, float)):
+        step = torch.full((1, *shape), float(scale), dtype=torch.float64)
+    else:  # per-channel scales (gaussian:auto)
+        per_channel = torch.tensor([float(value) for value in scale], dtype=torch.float64)
+        step = per_channel.view(1, -1, *([1] * (len(shape) - 1))).expand(1, *shape).clone()
     # float64: z500's mean (5e5 m^2/s^2) would leave float32 a few units of a small scale's step.
     difference = to_physical(step) - to_physical(zero)
     return np.abs(difference[0].double().cpu().numpy())
@@ -236,12 +240,32 @@ def ensemble_members(
     if perturbation.kind == NOISE:
         return noise_input_members(count, model, predict, seed, perturbation.describe())
     noise = noise_for_grid(perturbation, latitudes, longitudes, seed)
-    scale = perturbation.scale
+    scale = channel_scale(perturbation)
 
     def perturb(starts: Sequence[ForecastStart], state: torch.Tensor) -> torch.Tensor:
         drawn = noise.draw(starts, count - 1, state.shape[1]).to(state.device)
-        return state.unsqueeze(1) + scale * drawn
+        if isinstance(scale, torch.Tensor) and len(scale) != state.shape[1]:
+            raise ConfigError(f"{len(scale)} per-channel scales for a state of {state.shape[1]} channels")
+        return (
+            state.unsqueeze(1)
+            + (scale.to(state.device) if isinstance(scale, torch.Tensor) else scale) * drawn
+        )
 
     length = "white noise" if noise.length_km == 0 else f"correlated over {noise.length_km:g} km"
-    description = f"Gaussian initial-state noise of {scale:g} standard deviations, {length}"
+    if perturbation.channel_scales is not None:
+        sizes = ", ".join(f"{value:.3g}" for value in perturbation.channel_scales)
+        source = perturbation.scales_from
+        description = (
+            f"Gaussian initial-state noise of per-channel scales ({sizes} standard deviations, from {source}), "
+            f"{length}"
+        )
+    else:
+        description = f"Gaussian initial-state noise of {scale:g} standard deviations, {length}"
     return EnsembleMembers(count, perturb, predict, seed, description)
+
+
+def channel_scale(perturbation: Perturbation) -> float | torch.Tensor:
+    """A gaussian perturbation's scale: one number, or (C, 1, 1) per-channel scales (``gaussian:auto``)."""
+    if perturbation.channel_scales is None:
+        return perturbation.scale
+    return torch.tensor(perturbation.channel_scales, dtype=torch.float32).view(-1, 1, 1)
