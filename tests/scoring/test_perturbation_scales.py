@@ -65,6 +65,7 @@ def test_a_scales_file_round_trips_in_the_models_channel_order(tmp_path: Path):
             '"length_km" must be null',
         ),
         ("", "not a JSON scales file"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deep"),
     ],
 )
 def test_a_bad_scales_file_is_one_error_naming_it(tmp_path: Path, text: str, expected: str):
@@ -80,6 +81,10 @@ def test_a_missing_unreadable_or_directory_scales_file_is_named(tmp_path: Path):
         read_scales(tmp_path / "absent.json")
     with pytest.raises(ConfigError, match="is a directory"):
         read_scales(tmp_path)
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    with pytest.raises(ConfigError, match="cannot read the scales file"):
+        read_scales(loop)
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ConfigError, match=str(binary)):

@@ -85,6 +85,8 @@ def read_scales(path: Path) -> ChannelScales:
         document = json.loads(text, parse_constant=_no_constant)
     except (json.JSONDecodeError, ValueError) as exc:
         raise ConfigError(f"{path}: not a JSON scales file ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not a scales file (JSON nested too deep to read)") from None
     if not isinstance(document, dict) or document.get("kind") != KIND:
         raise ConfigError(f'{path}: not a scales file: expected a JSON object with "kind": "{KIND}"')
     if document.get("version") != VERSION:
