@@ -95,6 +95,7 @@ def copy_run(era5_run: Path, tmp_path: Path) -> Path:
             "--channels: q999 not among",
         ),
         (["fit-perturbation", "{run}", "--channels", " , "], "--channels: no channel names"),
+        (["fit-perturbation", "{run}", "--out", "{run}/scales.txt"], "ends in .json"),
         (["forecast", "{run}", "--members", "3", "--perturb", "gaussian:auto"], "no such scales file"),
         (["forecast", "{run}", "--members", "3", "--perturb", "gaussian:{run}/other.json"], "other.json"),
         (["forecast", "{run}", "--members", "3", "--perturb", "gaussian:auto:300"], "takes no LENGTH_KM"),
@@ -127,9 +128,14 @@ def test_the_fit_never_replaces_a_file_it_did_not_write(era5_run, tmp_path, caps
     before = checkpoint.read_bytes()
     argv = ["fit-perturbation", str(target), "--lead", "12h", "--members", "3", "--init-count", "2"]
     assert main([*argv, "--out", str(checkpoint)]) == 2
+    assert "ends in .json" in capsys.readouterr().err
+    summary = target / "summary.json"  # another command's JSON
+    summary_before = summary.read_bytes()
+    assert main([*argv, "--out", str(summary)]) == 2
     err = capsys.readouterr().err
     assert "exists and is not a perturbation scales file" in err and "Traceback" not in err
-    assert checkpoint.read_bytes() == before and not (target / "forecast").exists()
+    assert checkpoint.read_bytes() == before and summary.read_bytes() == summary_before
+    assert not (target / "forecast").exists()
     assert main([*argv, "--out", str(target)]) == 2  # a directory
     assert "is a directory" in capsys.readouterr().err
 

@@ -256,6 +256,10 @@ def check_output(out: Path) -> None:
         raise ConfigError(
             f"{OUT_OPTION} {out}: is a directory; give the scales file's path (e.g. {out / SCALES_FILE})"
         )
+    if out.suffix.lower() != ".json":
+        raise ConfigError(
+            f"{OUT_OPTION} {out}: a scales file's name ends in .json (--perturb gaussian:FILE.json reads it)"
+        )
     if out.exists() or out.is_symlink():
         try:
             read_scales(out)
