@@ -303,7 +303,7 @@ def _forecast(
         "dlscale_version": __version__,
         "torch_version": str(torch.__version__),
         # What was asked for (the directory's name says which of it changes the results), and where it went.
-        "options": {**asdict(options), "overrides": list(evaluation.overrides)},
+        "options": {**_recorded(options), "overrides": list(evaluation.overrides)},
         "output_dir": str(output_dir),
     }
     document = forecast_document(rollout, trajectories, identity, [start.describe() for start in starts])
@@ -325,6 +325,11 @@ def _forecast(
     # Rank 0's document (with the files it wrote) on every rank.
     shared = written_on_rank_0(process, device, document, write, "forecast")
     return ForecastResult(shared, rollout, starts, output_dir)
+
+
+def _recorded(options: ForecastOptions) -> dict[str, Any]:
+    """The options scores.json records: what the user asked for (not a caller's internal checks)."""
+    return {key: value for key, value in asdict(options).items() if key != "require_channels"}
 
 
 def _shares(count: int, ranks: int) -> list[int]:

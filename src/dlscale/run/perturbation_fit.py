@@ -19,7 +19,6 @@ scales are a choice, and the test year is for the report.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from dlscale.run.durations import lead_hours
 from dlscale.runtime.atomic_files import write_text_atomically
 from dlscale.runtime.launch import detect_process
 from dlscale.runtime.storage import as_storage_error, probe_creatable
+from dlscale.runtime.strict_json import to_json
 from dlscale.scoring.calibration import CALIBRATED_BAND as BAND
 from dlscale.scoring.perturbation_scales import SCALES_FILE, ChannelScales, read_scales
 from dlscale.scoring.perturbation_spec import HALF_CIRCUMFERENCE_KM, MAX_SCALE, MIN_SCALE
@@ -273,7 +273,7 @@ def check_output(out: Path) -> None:
 def _write(path: Path, document: dict[str, Any]) -> None:
     """``document`` as JSON at ``path``, atomically (an earlier file stays whole until the new one is); a full
     or read-only disk is a StorageError naming the file."""
-    text = json.dumps(document, indent=2, allow_nan=False) + "\n"
+    text = to_json(document)
     try:
         write_text_atomically(path, text)
     except OSError as exc:
