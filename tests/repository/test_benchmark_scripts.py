@@ -54,6 +54,7 @@ def test_the_ladder_draws_intervals_from_its_trials_and_the_std_from_an_older_re
         ("unet_memory_layout", "2026-11-28-cpu-unet-memory-layout"),
         ("mixer_skill", "2026-11-28-cpu-mixer-skill"),
         ("crps_calibration", "2026-11-28-cpu-crps-calibration"),
+        ("channel_perturbation_skill", "2026-11-28-cpu-channel-perturbation-skill"),
     ],
 )
 def test_the_plan_reports_rewrite_their_committed_markdown_from_their_json(script, stem):
