@@ -25,9 +25,9 @@ reference   400  the tutorial's ``train.py`` and ``dlscale train``, one process 
 tests        70  the GPU-only tests (``pytest -m gpu``), gpu_first_light.py's part
 mixers      180  ladder.py's AMP bf16 and compile-with-CUDA-graphs rungs of `afno_short` and `sfno_short` (the
                  ViT's AFNO and SFNO mixers on the same data), samples/s and MFU beside the ViT's
-workloads  rest  ladder.py on the U-Net, MNIST and CIFAR configs: the fp32 baseline and the best rung,
-                 SYNTHETIC and FULL, peak memory beside `dlscale plan`
-tune       rest  ``dlscale tune`` of `short` in a 2-minute box (skipped with less than that left)
+tune        135  ``dlscale tune`` of `short` in a 2-minute box (skipped with less than that left)
+workloads  rest  ladder.py on the U-Net, MNIST and CIFAR configs (``--workloads`` picks some): the fp32
+                 baseline and the best rung, SYNTHETIC and FULL, peak memory beside `dlscale plan`
 =========  ====  =========================================================================================
 
 ``--out`` receives ``second_light.json``, ``second_light.md``, ``second_light.log``, ``reference.png`` and ``models.png``.
