@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmark_text import command_line
-from crps_calibration import BAND, add_block_arguments, ratio_panel, values
-from ensemble_forecast_skill import _ensemble_scores
+from crps_calibration import BAND, add_block_arguments, block_ensembles, ratio_panel, values
 from multistep_forecast_skill import (
     blocks_of,
     channel_panels,
@@ -88,12 +87,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     ensembles: dict[str, Any] = {}
     for members in args.members:
         for name, perturb in perturbs.items():
-            documents = []
-            for number, block in enumerate(blocks):
-                print(f"{name}, {members} members: block {number + 1}/{len(blocks)}", flush=True)
-                documents.append(dlscale.forecast(args.run, split=args.split, lead=args.lead, init=",".join(block),
-                                                  members=members, perturb=perturb, figures=False))  # fmt: skip
-            ensembles[f"{name}, {members}"] = [_ensemble_scores(doc, args.channels) for doc in documents]
+            label = f"{name}, {members}"
+            ensembles[label] = block_ensembles(args, args.run, blocks, members, perturb, label)
     return {
         "benchmark": "channel_perturbation_skill",
         "date": datetime.now().isoformat(timespec="seconds"),

@@ -143,12 +143,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     ensembles: dict[str, Any] = {}
     for members in args.members:
         for name, run, perturb in (("crps", args.crps_run, "noise"), ("gaussian", args.base, args.perturb)):
-            documents = []
-            for number, block in enumerate(blocks):
-                print(f"{name} {members} members: block {number + 1}/{len(blocks)}", flush=True)
-                documents.append(dlscale.forecast(run, split=args.split, lead=args.lead, init=",".join(block),
-                                                  members=members, perturb=perturb, figures=False))  # fmt: skip
-            ensembles[f"{name} {members}"] = [_ensemble_scores(doc, args.channels) for doc in documents]
+            label = f"{name} {members}"
+            ensembles[label] = block_ensembles(args, run, blocks, members, perturb, label)
     return {
         "benchmark": "crps_calibration",
         "date": datetime.now().isoformat(timespec="seconds"),
@@ -174,6 +170,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "ensembles": ensembles,
         "cost": cost(args),
     }
+
+
+def block_ensembles(
+    args: argparse.Namespace, run: str, blocks: list[list[str]], members: int, perturb: str, label: str
+) -> list[dict[str, Any]]:
+    """One ensemble forecast of ``run`` per block of initial times (``args``' split, lead and channels), each
+    reduced to what the record keeps; ``label`` names it in the progress lines."""
+    import dlscale
+
+    kept = []
+    for number, block in enumerate(blocks):
+        print(f"{label} members: block {number + 1}/{len(blocks)}", flush=True)
+        document = dlscale.forecast(run, split=args.split, lead=args.lead, init=",".join(block), members=members,
+                                    perturb=perturb, figures=False)  # fmt: skip
+        kept.append(_ensemble_scores(document, args.channels))
+    return kept
 
 
 def values(record: dict[str, Any], label: str, key: str, name: str, k: int) -> list[float]:
