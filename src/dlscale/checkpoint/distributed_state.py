@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from dlscale.checkpoint.files import canonical_names, load_model_state
+from dlscale.checkpoint.noise_inputs import NoiseWidening, noise_widening
 from dlscale.checkpoint.sharded_files import (
     MODEL_PREFIX,
     load_tensors,
@@ -215,8 +216,12 @@ def _tp_and_dp_mesh(tp_group: Any, dp_mesh: Any, device_type: str) -> Any:
     return _cached_mesh((tp_group, dp_group), device_type, make)
 
 
-def load_model_shards(model: nn.Module, path: Any, source: str) -> None:
-    """Load this rank's part of the model from the sharded checkpoint in ``path`` (every rank calls it)."""
+def load_model_shards(model: nn.Module, path: Any, source: str, weights_only: bool = False) -> None:
+    """Load this rank's part of the model from the sharded checkpoint in ``path`` (every rank calls it).
+
+    With ``weights_only``, a checkpoint of the model without its noise inputs loads too: the noise-input weight
+    is widened by zeros as from a single file (:mod:`dlscale.checkpoint.noise_inputs`).
+    """
     template, keys = model_template(model)
     entries = tensor_entries(path)
     saved = {name for name in entries if name.startswith(MODEL_PREFIX)}
@@ -228,9 +233,45 @@ def load_model_shards(model: nn.Module, path: Any, source: str) -> None:
             f"{source}: the checkpoint's model state does not fit the model ({'; '.join(listed)}). The checkpoint "
             "was written for a different model configuration; compare the `model:` sections of the two configs."
         )
-    load_tensors(template, path, entries, no_dist=not is_distributed())
     state = model.state_dict()
-    load_model_state(model, {keys[n]: local_value(v, state[keys[n]]) for n, v in template.items()}, source)
+    widening = _noise_widening(model, entries, keys) if weights_only else None
+    narrow = f"{MODEL_PREFIX}{widening.name}" if widening is not None else None
+    if narrow is not None:
+        # The checkpoint's narrower weight has no place in this rank's layout: every rank reads all of it (DCP
+        # loads a plain tensor whole), widens it, and keeps what its layout holds of the widened weight.
+        ours = state[keys[narrow]]
+        template[narrow] = torch.empty(tuple(entries[narrow].size), dtype=ours.dtype, device=ours.device)
+    load_tensors(template, path, entries, no_dist=not is_distributed())
+    loaded = {keys[n]: local_value(v, state[keys[n]]) for n, v in template.items()}
+    if narrow is not None:
+        loaded[keys[narrow]] = _placed_like(widening.widen(template[narrow], source), state[keys[narrow]])
+    load_model_state(model, loaded, source)
+
+
+def _noise_widening(
+    model: nn.Module, entries: Mapping[str, Any], keys: Mapping[str, str]
+) -> NoiseWidening | None:
+    """:func:`~dlscale.checkpoint.noise_inputs.noise_widening` of a sharded checkpoint (``entries``: DCP's tensor
+    metadata; ``keys``: {checkpoint name: the model's state_dict key}). None for a tensor-parallel shard of the
+    weight too (tp refuses noise inputs): :func:`load_tensors` then reports its shape mismatch."""
+    shapes = {
+        n[len(MODEL_PREFIX) :]: tuple(md.size) for n, md in entries.items() if n.startswith(MODEL_PREFIX)
+    }
+    widening = noise_widening(model, shapes)
+    key = keys.get(f"{MODEL_PREFIX}{widening.name}") if widening is not None else None
+    if key is None or shard_specs(model).get(key) is not None:
+        return None
+    return widening
+
+
+def _placed_like(full: torch.Tensor, original: Any) -> Any:
+    """The serial tensor ``full`` (the same on every rank) as this rank holds ``original``: its FSDP2 shard when
+    ``original`` is a DTensor (cut on each rank, no scatter), ``full`` itself otherwise."""
+    if not is_dtensor(original):
+        return full
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(full, original.device_mesh, original.placements, src_data_rank=None)
 
 
 def _names(names: list[str], shown: int = 4) -> str:

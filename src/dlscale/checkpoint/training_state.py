@@ -132,7 +132,7 @@ def restore_training(
     # The checkpoint holds the serial model's state; each rank loads its own shards of it (from a sharded one,
     # DCP reads only those).
     if sharded:
-        load_model_shards(setup.model, path, source)
+        load_model_shards(setup.model, path, source, weights_only=weights_only)
     else:
         state = widened_for_noise(setup.model, payload["model"], source) if weights_only else payload["model"]
         load_model_state(setup.model, local_model_state(setup.model, state), source)
