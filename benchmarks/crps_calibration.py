@@ -64,7 +64,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--crps-run", default="runs/crps_demo/ft")
     parser.add_argument("--finetune-iters", type=int, default=400)
-    parser.add_argument("--cost-members", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument(
+        "--cost-members",
+        type=int,
+        nargs="*",
+        default=[1, 2, 4, 8],
+        help="members of the cost trials; none (the option alone) measures no cost",
+    )
+    parser.add_argument(
+        "--split-members",
+        type=int,
+        nargs="*",
+        default=[2, 4, 8, 16],
+        help="members of the phase timing (noise, forward, loss, backward, optimizer) of a one-step CRPS step",
+    )
+    parser.add_argument(
+        "--gaussian-from",
+        type=Path,
+        help="take the gaussian ensembles from this earlier record instead of forecasting them again (the same "
+        "base, perturbation, split, lead, blocks and sizes are required: they are seeded, so they are the same)",
+    )
+    parser.add_argument(
+        "--paired",
+        type=Path,
+        nargs=2,
+        metavar=("RECORD", "OTHER"),
+        help="print the CRPS model of RECORD minus that of OTHER, paired by block (two records of the same blocks), "
+        "and measure nothing",
+    )
+    parser.add_argument(
+        "--name",
+        default="crps-calibration",
+        help="the record's name: <date>-cpu-NAME.{json,md,png} (another CRPS model's record "
+        "beside the first)",
+    )
     add_block_arguments(parser, lead="10d", days=[1, 3, 5, 10])
     return parser.parse_args(argv)
 
@@ -131,6 +164,55 @@ def cost(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+PHASES = ("noise", "forward", "loss", "backward", "optimizer")
+
+
+def time_split(members: int, config: str = "crps_demo", repeats: int = 7) -> dict[str, Any]:
+    """Where a one-step CRPS training step of ``config`` with ``members`` members spends its time on this CPU:
+    each phase timed alone (a CPU runs every op before the call returns, so the clock needs no sync), the median
+    of ``repeats`` steps after two warm-up steps, milliseconds per training sample."""
+    import statistics
+    import time
+
+    import torch
+
+    from dlscale.config import load_run_config
+    from dlscale.scoring.metrics import latitude_weights
+    from dlscale.training.ensemble_loss import MemberNoise, ensemble_crps
+    from dlscale.workloads import get_workload
+
+    cfg = load_run_config(REPO / "configs" / "vit_era5.yaml", config, [f"train.ensemble_members={members}"])
+    workload = get_workload(cfg.workload)
+    torch.manual_seed(0)
+    model = workload.build_model(cfg.model, cfg.data).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    grid = tuple(cfg.data.img_size)
+    batch = cfg.train.global_batch_size
+    state = torch.randn(batch, cfg.data.n_in_channels, *grid)
+    truth = torch.randn(batch, cfg.data.n_out_channels, *grid)
+    noise = MemberNoise(0, cfg.model.noise_channels, grid)
+    weights = latitude_weights(workload.image_latitudes(cfg.data))
+    seconds: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    for step in range(repeats + 2):
+        clock = time.perf_counter()
+        drawn = noise.draw(step, 0, 0, batch, members, state.device)
+        marks = [time.perf_counter()]
+        prediction = model(torch.cat([state.repeat_interleave(members, dim=0), drawn], dim=1))
+        marks.append(time.perf_counter())
+        loss = ensemble_crps(prediction.view(batch, members, *prediction.shape[1:]), truth, weights)
+        marks.append(time.perf_counter())
+        loss.backward()
+        marks.append(time.perf_counter())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        marks.append(time.perf_counter())
+        if step >= 2:
+            for phase, start, end in zip(PHASES, [clock, *marks[:-1]], marks, strict=True):
+                seconds[phase].append(end - start)
+    per_sample = {phase: 1000.0 * statistics.median(values) / batch for phase, values in seconds.items()}
+    return {"members": members, "batch": batch, "repeats": repeats, "ms_per_sample": per_sample}
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -140,10 +222,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     count = args.blocks * args.per_block
     probe = dlscale.forecast(args.base, split=args.split, lead=args.lead, init_count=count, figures=False)
     blocks = blocks_of(probe["initial_times"], args.blocks)
+    earlier = None if args.gaussian_from is None else earlier_gaussians(args, blocks, probe["lead_hours"])
+    if earlier is not None:  # one block forecast again: the reused numbers must be what this base gives now
+        size = args.members[0]
+        (again,) = block_ensembles(
+            args, args.base, blocks[:1], size, args.perturb, f"gaussian {size} (check)"
+        )
+        check_same(again, earlier["ensembles"][f"gaussian {size}"][0], args)
     ensembles: dict[str, Any] = {}
     for members in args.members:
         for name, run, perturb in (("crps", args.crps_run, "noise"), ("gaussian", args.base, args.perturb)):
             label = f"{name} {members}"
+            if name == "gaussian" and earlier is not None:
+                ensembles[label] = earlier["ensembles"][label]
+                continue
             ensembles[label] = block_ensembles(args, run, blocks, members, perturb, label)
     return {
         "benchmark": "crps_calibration",
@@ -158,7 +250,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "crps_run": args.crps_run,
         "finetune": {key: summary.get(key) for key in ("global_step", "train_seconds")}
         | {"val_loss": summary["final"]["val_loss"]},
+        "recipe": recipe(REPO / args.crps_run),
         "perturb": args.perturb,
+        "gaussian_from": None if args.gaussian_from is None else str(args.gaussian_from),
         "split": args.split,
         "lead": args.lead,
         "blocks": [[block[0], block[-1], len(block)] for block in blocks],
@@ -169,7 +263,79 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "units": {name: probe["units"][name] for name in args.channels},
         "ensembles": ensembles,
         "cost": cost(args),
+        "time_split": [time_split(members) for members in args.split_members],
     }
+
+
+def earlier_gaussians(
+    args: argparse.Namespace, blocks: list[list[str]], lead_hours: list[float]
+) -> dict[str, Any]:
+    """The earlier record whose gaussian ensembles this one reuses, once it is shown to have forecast the same
+    ones (seeded members: the same settings give the same numbers)."""
+    earlier = json.loads(args.gaussian_from.read_text())
+    wanted = {
+        "base": args.base,
+        "perturb": args.perturb,
+        "split": args.split,
+        "lead_hours": lead_hours,
+        "blocks": [[block[0], block[-1], len(block)] for block in blocks],
+    }
+    for key, value in wanted.items():
+        if earlier.get(key) != value:
+            raise SystemExit(
+                f"--gaussian-from {args.gaussian_from}: its {key} is {earlier.get(key)!r}, not {value!r}"
+            )
+    missing = [size for size in args.members if f"gaussian {size}" not in earlier["ensembles"]]
+    if missing or not set(args.channels) <= set(earlier["channels"]):
+        raise SystemExit(
+            f"--gaussian-from {args.gaussian_from}: it lacks the sizes {missing} or the channels {args.channels}"
+        )
+    return earlier
+
+
+def check_same(again: dict[str, Any], kept: dict[str, Any], args: argparse.Namespace) -> None:
+    """Exit unless a block forecast again scores what the earlier record kept for it (to float32 rounding)."""
+    import math
+
+    for key in ("crps", "spread_skill"):
+        for name in args.channels:
+            for new, old in zip(again[key][name], kept[key][name], strict=True):
+                undefined = [value is None or math.isnan(value) for value in (new, old)]  # lead 0's ratio
+                if undefined[0] != undefined[1] or (
+                    not undefined[0] and not math.isclose(new, old, rel_tol=1e-4, abs_tol=1e-6)
+                ):
+                    raise SystemExit(
+                        f"--gaussian-from {args.gaussian_from}: its first block's {key} of {name} was {old}, "
+                        f"and the base gives {new} now; forecast the gaussian ensembles again (drop the option)"
+                    )
+
+
+def recipe(run: Path) -> dict[str, Any]:
+    """How the CRPS model was trained, from its run's config.yaml: members, noise channels, rollouts, the rate."""
+    import yaml
+
+    (config,) = yaml.safe_load((run / "config.yaml").read_text()).values()  # {config name: resolved config}
+    train, model = config.get("train", {}), config.get("model", {})
+    return {
+        "ensemble_members": train.get("ensemble_members"),
+        "noise_channels": model.get("noise_channels"),
+        "rollout_steps": train.get("rollout_steps"),
+        "rollout_schedule": train.get("rollout_schedule"),
+        "lr": config.get("optim", {}).get("lr"),
+    }
+
+
+def recipe_text(record: dict[str, Any]) -> str:
+    """The training recipe in words (records written before it was kept say nothing)."""
+    found = record.get("recipe")
+    if not found:
+        return ""
+    steps = (f"rollouts `{found['rollout_schedule']}`" if found.get("rollout_schedule")
+             else f"{found.get('rollout_steps') or 1}-step")  # fmt: skip
+    return (
+        f"; trained with {found['ensemble_members']} members a sample, {found['noise_channels']} noise "
+        f"channels, {steps}, lr {found['lr']}"
+    )
 
 
 def block_ensembles(
@@ -234,7 +400,7 @@ def markdown(record: dict[str, Any]) -> str:
         f"Device: cpu ({record['threads']} threads); torch {record['torch']}; dlscale {record['dlscale']}. Base "
         f"`{record['base']}`; CRPS model `{record['crps_run']}` (fine-tuned {record['finetune']['global_step']} "
         f"steps in {record['finetune']['train_seconds'] / 60:.1f} min, validation loss "
-        f"{record['finetune']['val_loss']:.4f} on its zero-noise member); gaussian ensemble `--perturb "
+        f"{record['finetune']['val_loss']:.4f} on its zero-noise member{recipe_text(record)}); gaussian ensemble `--perturb "
         f"{record['perturb']}`. {len(record['blocks'])} blocks of {record['blocks'][0][2]} initial times "
         f"({record['blocks'][0][0]} .. {record['blocks'][-1][1]}), 95% Student-t intervals over the blocks.",
         "",
@@ -261,6 +427,9 @@ def markdown(record: dict[str, Any]) -> str:
         cells = [interval_text(table[label][name]["5"]["crps_minus_gaussian"]) if "5" in table[label][name]
                  else "-" for name in channels]  # fmt: skip
         lines.append(f"| {members} | " + " | ".join(cells) + " |")
+    lines += split_lines(record.get("time_split") or [])
+    if not record["cost"]:
+        return "\n".join(lines) + "\n"
     lines += ["", "## Cost of a training step against the members (SYNTHETIC trials, no I/O)", "",
               "| members M | ms per training sample | vs M = 1 | activations, `dlscale plan` (GiB) |",
               "|---|---|---|---|"]  # fmt: skip
@@ -272,6 +441,22 @@ def markdown(record: dict[str, Any]) -> str:
         lines.append(f"| {row['members']} | {interval_text(found)} | {found['mean'] / base:.2f} | "
                      f"{'-' if planned is None else f'{planned:.3f}'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def split_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The phase timing's table: milliseconds per training sample in each phase, and the loss's share."""
+    if not rows:
+        return []
+    lines = ["", f"## Where a one-step CRPS training step's time goes (ms per training sample, median of "
+             f"{rows[0]['repeats']} steps, batch {rows[0]['batch']})", "",
+             "| members M | " + " | ".join(PHASES) + " | total | the loss's share (its forward) |",
+             "|---|" + "---|" * (len(PHASES) + 2)]  # fmt: skip
+    for row in rows:
+        found = row["ms_per_sample"]
+        total = sum(found.values())
+        cells = " | ".join(f"{found[phase]:.2f}" for phase in PHASES)
+        lines.append(f"| {row['members']} | {cells} | {total:.1f} | {100 * found['loss'] / total:.1f} % |")
+    return lines
 
 
 def plot(record: dict[str, Any], path: Path) -> None:
@@ -303,8 +488,36 @@ def ratio_panel(axis: Any, name: str) -> None:
     axis.grid(alpha=0.3)
 
 
+def paired_lines(record: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """Per CRPS ensemble size both records hold and per day: ``record``'s CRPS model minus ``other``'s, paired by
+    block, with 95% intervals (the two records must have scored the same blocks)."""
+    if record["blocks"] != other["blocks"] or record["lead_hours"] != other["lead_hours"]:
+        raise SystemExit("--paired: the two records did not score the same blocks and leads")
+    lines = []
+    for members in sorted(set(record["members"]) & set(other["members"])):
+        label = f"crps {members}"
+        for days in record["days"]:
+            k = lead_index(record, days)
+            if k is None:
+                continue
+            cells = [
+                f"{name} {interval_text(interval([a - b for a, b in zip(values(record, label, 'crps', name, k), values(other, label, 'crps', name, k), strict=True)]))}"
+                for name in record["channels"]
+            ]
+            lines.append(f"{members} members, {lead_text(days * 24)}: " + "; ".join(cells))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
-    return record_or_rewrite(parse_args(argv), measure, "crps-calibration", markdown, plot)
+    args = parse_args(argv)
+    if args.paired is not None:
+        first, second = (json.loads(path.read_text()) for path in args.paired)
+        print(
+            f"CRPS of {first['crps_run']} minus {second['crps_run']}, paired by block ({first['split']} split):"
+        )
+        print("\n".join(paired_lines(first, second)))
+        return 0
+    return record_or_rewrite(args, measure, args.name, markdown, plot)
 
 
 if __name__ == "__main__":

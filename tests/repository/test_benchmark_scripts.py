@@ -54,6 +54,10 @@ def test_the_ladder_draws_intervals_from_its_trials_and_the_std_from_an_older_re
         ("unet_memory_layout", "2026-11-28-cpu-unet-memory-layout"),
         ("mixer_skill", "2026-11-28-cpu-mixer-skill"),
         ("crps_calibration", "2026-11-28-cpu-crps-calibration"),
+        ("crps_calibration", "2026-11-28-cpu-crps-rollout-calibration"),
+        ("crps_calibration", "2026-11-28-cpu-crps-rollout20-calibration"),
+        ("crps_calibration", "2026-11-28-cpu-crps-rollout20-valid"),
+        ("crps_calibration", "2026-11-28-cpu-crps-rollout-valid"),
         ("channel_perturbation_skill", "2026-11-28-cpu-channel-perturbation-skill"),
     ],
 )
@@ -106,3 +110,53 @@ def test_the_mixer_skill_budget_is_whole_epochs_and_its_verdicts_follow_the_pair
     for block in record["runs"]["afno"]["blocks"]:
         block["model"]["rmse"]["u10"][five] = block["climatology"]["rmse"]["u10"][five] - 0.1
     assert skill.targets(record)["five_days"]["afno"]["beats_on_all_interval"]
+
+
+def test_the_crps_record_names_its_recipe_times_its_phases_and_reuses_only_the_same_gaussians(tmp_path):
+    """A second CRPS model's record says how it was trained, adds the phase timing (each phase of a real step
+    on the tiny config), and takes the gaussian ensembles of an earlier record only where they are the same."""
+    calibration = load("crps_calibration")
+    record = json.loads((BENCHMARKS / "results" / "2026-11-28-cpu-crps-calibration.json").read_text())
+    run = tmp_path / "crps_demo" / "ft-roll"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(
+        "# Resolved dlscale config\ncrps_demo:\n  model: {noise_channels: 4}\n  optim: {lr: 0.0003}\n"
+        "  train: {ensemble_members: 4, rollout_steps: 1, rollout_schedule: 'step 0=2, 100=4, 200=8'}\n"
+    )
+    record["recipe"] = calibration.recipe(run)
+    assert record["recipe"] == {"ensemble_members": 4, "noise_channels": 4, "rollout_steps": 1,
+                                "rollout_schedule": "step 0=2, 100=4, 200=8", "lr": 3e-4}  # fmt: skip
+    split = calibration.time_split(2, "crps_tiny", repeats=1)
+    assert split["members"] == 2 and set(split["ms_per_sample"]) == set(calibration.PHASES)
+    assert all(value > 0 for value in split["ms_per_sample"].values())
+    record["time_split"], record["cost"] = [split], []
+    text = calibration.markdown(record)
+    assert "rollouts `step 0=2, 100=4, 200=8`" in text and "## Where a one-step CRPS" in text
+    assert "## Cost of a training step" not in text  # no cost trials, no table
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(record))
+    blocks = [[record["blocks"][0][0], "x", record["blocks"][0][2]]]
+    args = calibration.parse_args(["--gaussian-from", str(earlier), "--members", "16", "32"])
+    same_blocks = [[first] + ["y"] * (count - 2) + [last] for first, last, count in record["blocks"]]
+    assert calibration.earlier_gaussians(args, same_blocks, record["lead_hours"]) == record
+    with pytest.raises(SystemExit, match="its blocks"):
+        calibration.earlier_gaussians(args, blocks, record["lead_hours"])
+    with pytest.raises(SystemExit, match="lacks the sizes"):
+        calibration.earlier_gaussians(
+            calibration.parse_args(["--gaussian-from", str(earlier), "--members", "8"]),
+            same_blocks,
+            record["lead_hours"],
+        )
+
+
+def test_two_crps_records_compare_paired_by_block_and_only_on_the_same_blocks():
+    calibration = load("crps_calibration")
+    results = BENCHMARKS / "results"
+    long, short = (json.loads((results / f"2026-11-28-cpu-{name}.json").read_text())
+                   for name in ("crps-rollout20-valid", "crps-rollout-valid"))  # fmt: skip
+    forward, backward = calibration.paired_lines(long, short), calibration.paired_lines(short, long)
+    assert len(forward) == len(long["days"]) and forward[2].startswith("16 members, 5d: z500 -61.2")
+    assert backward[2].startswith("16 members, 5d: z500 61.2")  # the same pairs, the other sign
+    short["blocks"] = short["blocks"][1:]
+    with pytest.raises(SystemExit, match="same blocks"):
+        calibration.paired_lines(long, short)
