@@ -1,11 +1,12 @@
 # The two front doors of dlscale (see README):
 #   make demo   set up .venv, generate the synthetic ERA5 data set if missing, train the demo ViT
 #   make test   set up .venv with the test extras and the example workload package (examples/heat2d), check
-#               style (ruff) and run the whole suite
+#               style (ruff) and run the suite without the tests marked slow (minutes)
+#   make test-all   the same with every test (CI runs it)
 # and the dependency checks (CONTRIBUTING, "Dependencies"):
 #   make test LOCKED=1   the same in .venv-locked, with exactly the versions the suite last passed with
 #                        (constraints/tested.txt); also `make demo LOCKED=1`
-#   make test-oldest     the suite in .venv-oldest, every dependency at the floor pyproject.toml states
+#   make test-oldest     the whole suite in .venv-oldest, every dependency at the floor pyproject.toml states
 #   make lock            rewrite constraints/tested.txt from .venv (after `make test` passed)
 # and the documentation site:
 #   make docs            install the docs extra into .venv and build the site (docs/, mkdocs.yml) into build/site
@@ -27,7 +28,7 @@ DEMO_DATA ?= data/era5_demo
 DEMO_CONFIG ?= demo
 LINT_PATHS := $(wildcard src tests benchmarks scripts examples)
 
-.PHONY: demo test lint install clean-venv test-oldest lock docs
+.PHONY: demo test test-all lint install clean-venv test-oldest lock docs
 
 install: $(STAMP)
 
@@ -61,9 +62,16 @@ demo: $(STAMP)
 # --durations: the slowest tests in every log, so a CI machine's cold caches show where the time goes.
 # TEST_WORKERS: pytest-xdist processes, one per core of the 2-core CI machine (each test's torch runs one thread,
 # tests/conftest.py); worksteal evens out the long tests. TEST_WORKERS=0 runs the suite in this one process.
+# TEST_SELECTION: `make test` leaves out the tests marked slow (4 s or more each on 2 cores: end-to-end runs of the
+# commands, forked ranks, torchrun; about 130 of the suite's 2,950 tests and two thirds of its time), so that it
+# takes minutes; `make test-all` runs every test, and CI runs it (.ci/run).
 TEST_WORKERS ?= 2
+TEST_SELECTION ?= -m "not slow"
 test: lint
-	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 $(TEST_SELECTION)
+
+test-all:
+	$(MAKE) test TEST_SELECTION=
 
 # The floors: a constraints file generated from pyproject.toml's lower bounds (torch among them: PyPI's build of
 # the floor release, which runs on a CPU too), a venv of its own, the whole suite. The dependency test checks
@@ -73,7 +81,8 @@ test-oldest:
 	@mkdir -p build
 	$(PYTHON) scripts/dependency_floors.py > $(FLOORS).new
 	@cmp -s $(FLOORS).new $(FLOORS) && rm $(FLOORS).new || mv $(FLOORS).new $(FLOORS)
-	$(MAKE) test VENV=.venv-oldest CONSTRAINTS=$(FLOORS) TORCH_SPEC=torch TEST_ENV=DLSCALE_DEPENDENCY_SET=floors:$(FLOORS)
+	$(MAKE) test VENV=.venv-oldest CONSTRAINTS=$(FLOORS) TORCH_SPEC=torch TEST_ENV=DLSCALE_DEPENDENCY_SET=floors:$(FLOORS) \
+		TEST_SELECTION=
 
 # The versions the suite last passed with, for `make test LOCKED=1` (run after `make test` passed). torch and
 # the CUDA packages it brings are left out: a cluster brings its own build (TORCH_SPEC); the torch tested is

@@ -49,3 +49,21 @@ def tiny_config(tiny_era5: Path, tmp_path: Path):
         return tiny_run_config(CONFIG_FILE, tiny_era5, expdir, *overrides, tensorboard=True, **flags)
 
     return make
+
+
+# `make test` leaves out the tests marked slow (pyproject.toml) to stay within minutes on 2 cores; a test that
+# takes longer without the mark is named at the end of the run, so that the fast suite does not grow unnoticed.
+SLOW_SECONDS = 4.0
+_unmarked_slow: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.duration >= SLOW_SECONDS and "slow" not in report.keywords:
+        _unmarked_slow.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _unmarked_slow:
+        terminalreporter.write_sep("=", f"tests of {SLOW_SECONDS:g} s or more without @pytest.mark.slow")
+        for nodeid, seconds in sorted(_unmarked_slow, key=lambda found: -found[1]):
+            terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}")

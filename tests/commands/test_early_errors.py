@@ -140,6 +140,7 @@ BAD_COMMANDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD_COMMANDS))
 def test_a_bad_command_line_fails_with_one_line_before_torch_is_imported(case, run_dir, tmp_path):
     argv, message = BAD_COMMANDS[case]

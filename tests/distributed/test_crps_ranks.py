@@ -28,6 +28,7 @@ def assert_close_weights(expected: dict, actual: dict, what: str) -> None:
         )
 
 
+@pytest.mark.slow
 def test_ddp_trains_the_members_like_one_process(tiny_era5, tmp_path):
     assert train(tiny(tiny_era5, tmp_path / "serial", *CRPS)) == 0
     expected = history(tmp_path / "serial")
@@ -38,6 +39,7 @@ def test_ddp_trains_the_members_like_one_process(tiny_era5, tmp_path):
         assert ddp_row["val_loss"] == pytest.approx(serial_row["val_loss"], rel=TOLERANCE)
 
 
+@pytest.mark.slow
 def test_fsdp2_rollouts_stopped_mid_run_continue_in_one_process_like_the_uninterrupted_run(
     tiny_era5, tmp_path
 ):

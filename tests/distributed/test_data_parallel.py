@@ -86,6 +86,7 @@ def assert_close_weights(expected: dict, actual: dict, what: str) -> None:
         ),
     ],
 )
+@pytest.mark.slow
 def test_two_ranks_train_like_one_rank_with_the_whole_batch(tiny_era5, tmp_path, knobs):
     single = tiny(tiny_era5, tmp_path / "one", "train.num_epochs=1", *knobs)
     train(single)
@@ -107,6 +108,7 @@ def test_noddp_leaves_the_ranks_diverged(tiny_era5, tmp_path):
     assert any(not np.allclose(first[key], second[key]) for key in first)
 
 
+@pytest.mark.slow
 def test_a_signal_on_one_rank_stops_both_and_the_run_continues_on_one_rank(tiny_era5, tmp_path):
     expdir = tmp_path / "resumed"
     overrides = ("parallel.stop_check_every=2", "log.rank_logs=true")
@@ -134,6 +136,7 @@ def test_a_signal_on_one_rank_stops_both_and_the_run_continues_on_one_rank(tiny_
     )
 
 
+@pytest.mark.slow
 def test_dataparallel_mode_is_one_process_and_refuses_a_multi_process_launch(tiny_era5, tmp_path, caplog):
     plain = tiny(tiny_era5, tmp_path / "plain", "train.num_epochs=1")
     single = tiny(tiny_era5, tmp_path / "dp", "train.num_epochs=1", "parallel.data_parallel=dataparallel")
@@ -174,6 +177,7 @@ def test_wrapping_in_ddp_prints_no_future_warning():
     assert run_ranks(2, future_warnings_of_wrapping) == [[], []]
 
 
+@pytest.mark.slow
 def test_a_one_rank_checkpoint_continues_on_two_ranks(tiny_era5, tmp_path):
     expdir = tmp_path / "grown"
     train(tiny(tiny_era5, expdir), extra_observers=[StopAtStep(5)])  # mid-epoch, on one process

@@ -43,6 +43,7 @@ def same_metrics(document: dict, reference: dict) -> None:
     assert document["baseline_metrics"] == pytest.approx(reference["baseline_metrics"], rel=SAME)
 
 
+@pytest.mark.slow
 def test_two_ranks_give_the_numbers_of_one_process(tp_run):
     final = json.loads((tp_run / "summary.json").read_text())["final"]
     one = dlscale.evaluate(tp_run)

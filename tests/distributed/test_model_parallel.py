@@ -142,6 +142,7 @@ def parameters_in_layout_table(log_text: str) -> dict[int, int]:
     return rows
 
 
+@pytest.mark.slow
 def test_tp2_cp2_training_follows_the_serial_loss_curve_and_resumes_in_another_layout(tiny_era5, tmp_path):
     serial = tmp_path / "serial"
     train(tiny(tiny_era5, serial, "log.tensorboard=false"))  # 2 epochs on one process
@@ -180,6 +181,7 @@ def test_tp2_cp2_training_follows_the_serial_loss_curve_and_resumes_in_another_l
     )
 
 
+@pytest.mark.slow
 def test_fsdp_shards_what_tp_leaves_whole_and_trains_like_serial(tiny_era5, tmp_path):
     serial = tmp_path / "serial"
     train(tiny(tiny_era5, serial, "log.tensorboard=false"))
@@ -204,6 +206,7 @@ def test_fsdp_shards_what_tp_leaves_whole_and_trains_like_serial(tiny_era5, tmp_
     )
 
 
+@pytest.mark.slow
 def test_a_tp2_checkpoint_in_one_file_holds_the_serial_adam_moments(tiny_era5, tmp_path):
     """tp defaults to sharded checkpoints; ``checkpoint.format: file`` gathers each shard's Adam moments to the
     serial shape, as the serial run's optimizer holds them (two steps: 8 samples in batches of 4)."""

@@ -24,6 +24,7 @@ def serial_history(data, expdir):
     return history(expdir)
 
 
+@pytest.mark.slow
 def test_ddp_trains_the_curriculum_like_one_process(tiny_era5, tmp_path):
     expected = serial_history(tiny_era5, tmp_path / "serial")
     assert len(expected) == 2 and expected[1]["global_step"] == 22
@@ -35,6 +36,7 @@ def test_ddp_trains_the_curriculum_like_one_process(tiny_era5, tmp_path):
         assert ddp_row["val_loss"] == pytest.approx(serial_row["val_loss"], rel=TOLERANCE)
 
 
+@pytest.mark.slow
 def test_fsdp2_stopped_mid_curriculum_continues_with_tensor_parallelism_like_one_process(tiny_era5, tmp_path):
     expected = serial_history(tiny_era5, tmp_path / "serial")
     expdir = tmp_path / "layouts"

@@ -66,6 +66,7 @@ def test_every_rank_stops_at_the_same_divergence(nan_era5, tmp_path):
     assert not list((tmp_path / "tiny" / "00" / "checkpoints").glob("*.pt"))
 
 
+@pytest.mark.slow
 def test_two_ranks_skip_the_steps_one_rank_skips_and_end_alike(nan_era5, tmp_path):
     overrides = ("train.on_nonfinite=skip", "train.num_epochs=1")
     train_rank(0, nan_era5, tmp_path / "one", overrides)

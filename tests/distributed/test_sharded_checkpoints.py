@@ -42,6 +42,7 @@ def train_serial(data: Path, expdir: Path, *overrides: str, stop_step: int | Non
     return train(tiny(data, expdir, *overrides), extra_observers=observers)
 
 
+@pytest.mark.slow
 def test_a_sharded_checkpoint_resumes_bitwise_on_one_process(tiny_era5, tmp_path):
     unstopped = tmp_path / "unstopped"
     train_serial(tiny_era5, unstopped, "log.tensorboard=false")
@@ -125,6 +126,7 @@ def train_with_a_stalled_write(data: Path, expdir: Path, stalled: str, started: 
 ASYNC = (*SHARDED, "checkpoint.async_save=true", "checkpoint.save_every_steps=3")
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_background_save_leaves_the_previous_checkpoint_whole(tiny_era5, tmp_path):
     expdir, started = tmp_path / "killed", tmp_path / "started"
     child = multiprocessing.get_context("fork").Process(
@@ -160,6 +162,7 @@ def test_kill_9_during_a_background_save_leaves_the_previous_checkpoint_whole(ti
     assert "being written to" in log_text and "written in the background" in log_text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["sync", "async"])
 def test_two_ranks_write_their_shards_and_one_process_continues(tiny_era5, tmp_path, method):
     """dp=2 (DDP replicas): DCP writes the replicated tensors once; the run continues on one process."""

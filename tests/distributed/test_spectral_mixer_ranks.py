@@ -64,6 +64,7 @@ def losses(checkpoint: dict) -> list[tuple[float, float]]:
     return [(row["train_loss"], row["val_loss"]) for row in checkpoint["progress"]["history"]]
 
 
+@pytest.mark.slow
 def test_both_mixers_train_alike_serially_under_ddp_and_fsdp2_and_resume_bitwise(
     tiny_era5, tmp_path, monkeypatch
 ):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from forked_ranks import run_ranks
 
 from dlscale.run.process_group import distributed_run
@@ -58,6 +59,7 @@ def check_rank(rank: int, data: Path, out_dir: Path):
     return first.loss, second.loss, second.steps, measured.full, still_up
 
 
+@pytest.mark.slow
 def test_every_rank_climbs_alike_and_rank_0_writes(tiny_era5, tmp_path):
     out = tmp_path / "tuned" / "tiny_tuned.yaml"
     (first, final0), (second, final1) = run_ranks(2, tune_rank, tiny_era5, out, timeout_s=400)
@@ -71,6 +73,7 @@ def test_every_rank_climbs_alike_and_rank_0_writes(tiny_era5, tmp_path):
     assert not list(out.parent.glob("*.stale.json"))
 
 
+@pytest.mark.slow
 def test_numerics_checks_train_inside_the_tunes_process_group(tiny_era5, tmp_path):
     first, second = run_ranks(2, check_rank, tiny_era5, tmp_path, timeout_s=120)
     assert first == second  # every rank has rank 0's results

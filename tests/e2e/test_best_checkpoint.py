@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from test_training_run import assert_bitwise_equal, run_dir
 
@@ -58,6 +59,7 @@ def assert_best_is_the_lowest_val_loss(summary: dict) -> dict:
     return lowest
 
 
+@pytest.mark.slow
 def test_the_best_checkpoint_keeps_an_earlier_epoch_when_later_ones_validate_worse(tiny_config):
     epochs, first_spoiled = 4, 3
     cfg = tiny_config(num_epochs=epochs)

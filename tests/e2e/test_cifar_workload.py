@@ -40,6 +40,7 @@ def history(expdir: Path) -> list[dict]:
     return load_checkpoint(expdir / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")["progress"]["history"]
 
 
+@pytest.mark.slow
 def test_tiny_config_learns_far_above_chance_and_the_majority_class(tiny_cifar, tmp_path):
     assert train(tiny(tiny_cifar, tmp_path)) == 0
     first, last = history(tmp_path)
@@ -78,6 +79,7 @@ def eager_losses(tiny_cifar, tmp_path_factory) -> Losses:
     return train_and_keep_losses(tiny(tiny_cifar, expdir, *SMALL_EPOCH), expdir / "tiny" / "00")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("switch", list(SWITCHES))
 def test_bf16_epochs_follow_the_eager_losses(tiny_cifar, tmp_path, eager_losses, switch):
     cfg = tiny(tiny_cifar, tmp_path, *SMALL_EPOCH, SWITCHES[switch])
@@ -112,6 +114,7 @@ def two_ranks(tiny_cifar, tmp_path_factory) -> tuple[list, Path]:
     return run_ranks(2, train_rank, tiny_cifar, expdir), expdir
 
 
+@pytest.mark.slow
 def test_ddp_ranks_keep_identical_weights_and_the_run_learns(two_ranks):
     results, expdir = two_ranks
     assert [status for status, _ in results] == [0, 0]

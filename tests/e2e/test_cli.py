@@ -20,9 +20,8 @@ from dlscale.checkpoint.files import load_checkpoint
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_FILE = REPO / "configs" / "vit_era5.yaml"
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_generate_data_then_train_with_tutorial_flags(tmp_path):
     data = tmp_path / "era5"
     made = dlscale("data", "synth-era5", "--out", str(data), "--preset", "tiny", "--steps-per-year", "20")
@@ -53,6 +52,7 @@ def test_generate_data_then_train_with_tutorial_flags(tmp_path):
         pytest.param(signal.SIGINT, 2, True, id="Ctrl-C-to-process-group-with-workers"),
     ],
 )
+@pytest.mark.slow
 def test_signal_saves_a_checkpoint_and_the_same_command_resumes(
     tiny_era5, tmp_path, signum, workers, whole_group
 ):
@@ -118,6 +118,7 @@ def test_signal_saves_a_checkpoint_and_the_same_command_resumes(
         (["--set", "data.root=/nonexistent/era5"], "/nonexistent/era5/train"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_exits_2_with_one_clear_line(args, message):
     result = dlscale("train", "--config", "tiny", *args)
     assert result.returncode == 2
@@ -125,6 +126,7 @@ def test_bad_input_exits_2_with_one_clear_line(args, message):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_config_info_and_version_commands():
     shown = dlscale("config", "--config", "short", "--num_data_workers", "4")
     assert shown.returncode == 0, shown.stderr
@@ -167,6 +169,7 @@ def test_nonfinite_optimizer_values_exit_2_with_one_line(setting, key):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_kill_9_during_saves_resumes_bitwise_and_leaves_no_temporary_files(tiny_era5, tmp_path):
     # A checkpoint after every step, so that the kill lands in or near a save.
     args = [

@@ -94,6 +94,7 @@ def test_wrong_crps_settings_are_one_line_before_anything_runs(config, settings,
     assert not any(tmp_path.iterdir())  # nothing written
 
 
+@pytest.mark.slow
 def test_noise_members_of_a_model_without_noise_are_one_line(tiny_era5, tmp_path, capsys):
     assert train(tiny_run_config(CONFIG, tiny_era5, tmp_path, *SHORT)) == 0
     run = tmp_path / "tiny" / "00"

@@ -100,6 +100,7 @@ class PoisonWeightsOnceAt(Observer):
                 next(trainer.setup.model.parameters()).fill_(float("nan"))
 
 
+@pytest.mark.slow
 def test_nan_data_stops_the_run_and_leaves_the_good_checkpoint_bitwise(tiny_config, nan_era5, tmp_path):
     good = tiny_config("train.num_epochs=1")
     train(good)
@@ -123,6 +124,7 @@ def test_nan_data_stops_the_run_and_leaves_the_good_checkpoint_bitwise(tiny_conf
     assert summary["best"]["epoch"] == 1
 
 
+@pytest.mark.slow
 def test_resuming_a_good_run_with_a_huge_lr_keeps_its_checkpoints_bitwise(tiny_config):
     good = tiny_config("train.num_epochs=1")
     train(good)
@@ -156,6 +158,7 @@ def test_nonfinite_weights_are_never_saved_even_with_finite_losses(tiny_config, 
     assert all(torch.isfinite(t).all() for t in state["model"].values())
 
 
+@pytest.mark.slow
 def test_skip_leaves_out_the_updates_of_nan_batches_and_counts_them(tiny_config, nan_era5):
     cfg = tiny_config(f"data.root={nan_era5}", "train.on_nonfinite=skip")
     assert train(cfg) == 0
@@ -182,6 +185,7 @@ def test_skip_has_a_limit(tiny_config, nan_era5):
 
 
 # A background save of step 12 may still be in flight at the blow-up: the rollback waits for it.
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpoint", [(), ("checkpoint.async_save=true",)], ids=["file", "dcp-async"])
 def test_rollback_recovers_from_a_transient_blow_up_with_a_lower_lr(tiny_config, checkpoint):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -273,6 +277,7 @@ def test_the_spike_check_can_be_switched_off(tiny_config):
     assert raised.value.exit_code == 3
 
 
+@pytest.mark.slow
 def test_skip_never_saves_the_exploded_weights_over_the_good_checkpoint(tiny_config):
     # The issue's case: a good run resumed with a huge LR under skip. Its first step is finite but throws the
     # weights out; every later step spikes or is NaN and is skipped (10 by the end of epoch 2, within the limit);
@@ -324,6 +329,7 @@ def test_a_skipping_run_that_reaches_its_end_on_exploded_weights_flags_its_repor
     assert "Final validation, of epoch 1's weights at step 11" in (run_dir(cfg) / "out.log").read_text()
 
 
+@pytest.mark.slow
 def test_skip_saves_again_once_the_run_is_healthy(tiny_config, nan_era5):
     # NaN data skips one or two steps; the run goes on healthy and its later checkpoints are written.
     cfg = tiny_config(
@@ -390,6 +396,7 @@ def test_the_run_stops_within_the_check_interval_even_without_checkpoints(tiny_c
         assert "Time taken for epoch 1" not in (run_dir(cfg) / "out.log").read_text()
 
 
+@pytest.mark.slow
 def test_before_its_first_save_a_resumed_run_rolls_back_to_the_checkpoint_it_came_from(tiny_config, tmp_path):
     from test_training_run import StopAtStep
 
@@ -404,6 +411,7 @@ def test_before_its_first_save_a_resumed_run_rolls_back_to_the_checkpoint_it_cam
     assert strict_json(run_dir(second) / "summary.json")["rollbacks"] == 1
 
 
+@pytest.mark.slow
 def test_a_weights_only_start_rolls_back_to_its_own_first_checkpoint(tiny_config, tmp_path):
     source_cfg = tiny_config("train.num_epochs=1", expdir=tmp_path / "source")
     train(source_cfg)

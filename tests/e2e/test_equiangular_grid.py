@@ -42,6 +42,7 @@ def equiangular(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, d
     return data, root / "runs" / "tiny" / "00", truth
 
 
+@pytest.mark.slow
 def test_the_dataset_reads_the_rows_and_columns_where_the_store_has_them(equiangular, caplog):
     data, run, _ = equiangular
     cfg = load_run_config(run / "config.yaml", "tiny").data
@@ -53,6 +54,7 @@ def test_the_dataset_reads_the_rows_and_columns_where_the_store_has_them(equiang
     assert "rows at 87.19 to -87.19 N, columns at 2.812 to 357.2 E" in caplog.text
 
 
+@pytest.mark.slow
 def test_the_forecast_file_and_its_scores_use_the_stores_coordinates(equiangular):
     data, run, truth = equiangular
     args = [

@@ -71,6 +71,7 @@ def written(run: Path, name: str) -> dict:
     return json.loads((run / "eval" / name / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_last_checkpoint_on_the_valid_split_gives_the_runs_final_validation(era5_run, capsys):
     final = summary(era5_run)["final"]
     assert main(["evaluate", str(era5_run)]) == 0
@@ -139,6 +140,7 @@ def test_the_era5_test_split_reads_the_test_years(era5_run, tiny_era5):
     assert written(era5_run, "test-ckpt_latest")["loss"] == document["loss"]
 
 
+@pytest.mark.slow
 def test_mnist_test_accuracy_equals_the_runs_validation_accuracy(mnist_run):
     final = summary(mnist_run)["final"]
     assert final["headline"] == "accuracy"

@@ -110,6 +110,7 @@ print("ran without dlscale")
 """
 
 
+@pytest.mark.slow
 def test_the_program_gives_the_checkpoints_outputs_in_a_python_without_dlscale(
     era5_run, era5_export, tmp_path
 ):

@@ -71,6 +71,7 @@ def digests(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
+@pytest.mark.slow
 def test_a_fine_tune_stopped_by_sigterm_continues_with_the_same_command_bit_for_bit(
     base_runs, tiny_era5, tmp_path
 ):
@@ -95,6 +96,7 @@ def test_a_fine_tune_stopped_by_sigterm_continues_with_the_same_command_bit_for_
     assert "will not be reached" not in log  # every entry of the schedule is reached
 
 
+@pytest.mark.slow
 def test_a_fine_tune_killed_after_a_save_continues_with_the_same_command_bit_for_bit(
     base_runs, tiny_era5, tmp_path
 ):
@@ -114,6 +116,7 @@ def test_a_fine_tune_killed_after_a_save_continues_with_the_same_command_bit_for
     assert_same_run(latest(tmp_path / "reference"), latest(tmp_path / "killed"))
 
 
+@pytest.mark.slow
 def test_a_directory_holding_another_run_is_still_refused(base_runs, tiny_era5, tmp_path, capsys):
     expdir = base_runs[0].parents[3]
     plain = base_runs[1].parent  # an ordinary run's checkpoints (seed1)

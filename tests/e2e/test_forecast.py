@@ -43,6 +43,7 @@ def scores(run: Path, name: str) -> dict:
     return json.loads((run / "forecast" / name / "scores.json").read_text())
 
 
+@pytest.mark.slow
 def test_persistence_is_exact_at_lead_0_and_its_error_grows(era5_run):
     assert main(["forecast", str(era5_run), "--lead", "1d", "--init", "every:6h"]) == 0
     document = scores(era5_run, "test-ckpt_latest-lead1d-every6h-clim-timemean")

@@ -36,6 +36,7 @@ def run_with_climatology(tiny_era5: Path, tmp_path_factory: pytest.TempPathFacto
     return root, expdir / "tiny" / "00"
 
 
+@pytest.mark.slow
 def test_the_acc_uses_each_valid_times_climatology_by_day_of_year_and_hour(run_with_climatology):
     root, run = run_with_climatology
     assert main(["forecast", str(run), "--lead", "12h", "--init", "every:6h", "--no-figures"]) == 0

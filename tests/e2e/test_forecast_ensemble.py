@@ -37,6 +37,7 @@ def deterministic(era5_run: Path) -> dict:
     return dlscale.forecast(era5_run, **SHORT, figures=False)
 
 
+@pytest.mark.slow
 def test_the_ensemble_is_scored_beside_its_control_in_a_directory_of_its_own(era5_run, deterministic, capsys):
     capsys.readouterr()
     document = dlscale.forecast(era5_run, **SHORT, members=5, perturb="gaussian:0.2:800")

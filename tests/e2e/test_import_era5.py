@@ -44,6 +44,7 @@ def arco_of_synthetic(tiny_era5: Path, tmp_path_factory: pytest.TempPathFactory)
     return write_arco(tmp_path_factory.mktemp("arco") / "era5.zarr", truth, times)
 
 
+@pytest.mark.slow
 def test_the_command_imports_and_prints_the_training_command(arco_of_synthetic, tmp_path, capsys):
     out = tmp_path / "era5"
     assert (
@@ -252,6 +253,7 @@ def test_a_second_import_into_the_same_out_while_one_writes_is_refused_with_exit
     assert not (out / "manifest.json").exists() and not (out / "train" / "1980.h5").exists()
 
 
+@pytest.mark.slow
 def test_the_days_of_the_year_the_climatology_lacks_are_named_at_import(arco_of_synthetic, tmp_path, capsys):
     out = tmp_path / "era5"
     assert main(import_command(arco_of_synthetic, out)) == 0

@@ -86,6 +86,7 @@ def wandb_attempts(cfg) -> list[tuple[str, list[int]]]:
     ]
 
 
+@pytest.mark.slow
 def test_a_stopped_and_resumed_run_logs_into_the_same_wandb_and_mlflow_runs(
     tiny_config, offline, monkeypatch
 ):

@@ -104,6 +104,7 @@ def test_a_run_writes_a_row_per_step_and_per_epoch(tiny_config):
     assert [e.step for e in events.Scalars("Loss/train")] == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_files_with_each_step_once(tiny_era5, tmp_path):
     cfg = tiny_run_config(CONFIG_FILE, tiny_era5, tmp_path / "runs", num_epochs=1)
     train(cfg)
@@ -117,6 +118,7 @@ def test_a_resumed_run_continues_the_files_with_each_step_once(tiny_era5, tmp_pa
     assert not (run_dir(cfg) / "tensorboard").exists()  # log.tensorboard: false switches it off
 
 
+@pytest.mark.slow
 def test_a_resume_drops_the_rows_written_after_its_checkpoint(tiny_config):
     cfg = tiny_config()
     crash = CrashAtStep(STEPS_PER_EPOCH + 10)  # after the rows up to step 20 were written; checkpoint at 11

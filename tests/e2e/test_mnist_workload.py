@@ -38,6 +38,7 @@ def final_checkpoint(expdir: Path) -> dict:
     return load_checkpoint(expdir / "tiny" / "00" / "checkpoints" / "ckpt_latest.pt")
 
 
+@pytest.mark.slow
 def test_tiny_config_learns_to_read_the_digits(tiny_mnist, tmp_path, monkeypatch):
     drawn = []  # the validations whose figures the summary drew
 
@@ -102,6 +103,7 @@ def eager_losses(tiny_mnist, tmp_path_factory) -> Losses:
         pytest.param("compiled", "train.enable_jit=true", id="compiled"),
     ],
 )
+@pytest.mark.slow
 def test_bf16_and_compiled_epochs_follow_the_eager_losses(tiny_mnist, tmp_path, eager_losses, switch, flag):
     cfg = tiny(tiny_mnist, tmp_path, *SMALL_EPOCH, flag)
     losses = train_and_keep_losses(cfg, tmp_path / "tiny" / "00")
@@ -116,6 +118,7 @@ def train_rank(rank: int, data: Path, expdir: Path) -> int:
     return train(tiny(data, expdir, *DDP_OVERRIDES))
 
 
+@pytest.mark.slow
 def test_two_ranks_train_like_one_rank_with_the_whole_batch(tiny_mnist, tmp_path):
     assert train(tiny(tiny_mnist, tmp_path / "one", *DDP_OVERRIDES)) == 0
     assert run_ranks(2, train_rank, tiny_mnist, tmp_path / "two") == [0, 0]

@@ -30,6 +30,7 @@ def latest(cfg) -> dict:
     )
 
 
+@pytest.mark.slow
 def test_a_curriculum_stopped_mid_way_resumes_bit_for_bit(tiny_era5, tmp_path):
     whole = tiny(tiny_era5, tmp_path / "whole", *CURRICULUM)
     assert train(whole) == 0
@@ -58,6 +59,7 @@ def test_validation_reports_the_k_step_loss_beside_the_first_steps(tiny_era5, tm
     assert rollout > 0 and rollout != summary["final"]["val_loss"]
 
 
+@pytest.mark.slow
 def test_a_trained_run_is_fine_tuned_on_rollouts_with_one_command(tiny_era5, tmp_path):
     base = tiny(tiny_era5, tmp_path, "train.num_epochs=1")
     assert train(base) == 0

@@ -77,6 +77,7 @@ def test_the_example_trains_through_its_entry_point_and_through_its_import_path(
     assert by_path["final"]["val_loss"] < by_path["history"][0]["val_loss"]
 
 
+@pytest.mark.slow
 def test_the_example_benches_and_profiles_with_no_code_of_its_own(heat_data, tmp_path):
     results = dlscale.bench(
         "heat2d", CONFIG_FILE, "tiny", quiet(heat_data, tmp_path), output=tmp_path / "bench.json",
@@ -117,6 +118,7 @@ def train_heat_rank(rank: int, data: Path, expdir: Path, *more: str) -> dict[str
     [("ddp", ()), ("fsdp", ()), ("ddp", ROLLOUT), ("fsdp", ROLLOUT)],
     ids=["ddp", "fsdp", "ddp-rollout-loss", "fsdp-rollout-loss"],
 )
+@pytest.mark.slow
 def test_two_data_parallel_ranks_train_the_example_like_one(heat_data, tmp_path, data_parallel, loss):
     """Also FSDP2, whose in-place sharding once broke the FLOP count of a model with no formula of its own, and
     the rollout loss (the workload's training_loss), which calls the DDP model twice before one backward."""
@@ -181,6 +183,7 @@ def test_a_kill_9_of_the_example_resumes_bitwise(heat_data, tmp_path, loss):
         assert torch.equal(actual["model"][key], value), key
 
 
+@pytest.mark.slow
 def test_the_rollout_loss_trains_under_bf16_like_eager(heat_data, tmp_path):
     """The training_loss hook's model runs under the run's autocast: the losses follow the eager fp32 run's
     (tolerances: tests/e2e/follows_eager.py). That the hook gets the compiled forward is

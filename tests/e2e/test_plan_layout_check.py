@@ -79,6 +79,7 @@ def test_documented_layouts_build_with_the_analytic_parameter_count(config, gpus
     assert result.optimizer_state_bytes == 2 * result.parameter_bytes + 4 * len(result.parameters)
 
 
+@pytest.mark.slow
 def test_fsdp2_shards_dim_0_of_each_tp_shard_over_the_dp_x_cp_ranks():
     _, ddp = check("mp", 8, *layout_overrides(2, 1))
     _, fsdp = check("mp", 8, *layout_overrides(2, 1, data_parallel="fsdp"))

@@ -73,6 +73,7 @@ def test_an_init_count_that_keeps_every_initial_time_names_no_directory_of_its_o
     assert counted.document["initial_time_count"] == every.document["initial_time_count"]
 
 
+@pytest.mark.slow
 def test_the_same_options_again_replace_their_directory_and_say_what_they_replace(era5_run, capsys):
     first = forecast_checkpoint(
         era5_run, ForecastOptions(lead="1d", init="every:1d", init_count=2, figures=False)
@@ -94,6 +95,7 @@ def test_the_same_options_again_replace_their_directory_and_say_what_they_replac
     assert siblings == [first.output_dir.name]
 
 
+@pytest.mark.slow
 def test_evaluations_with_other_set_changes_stay_beside_each_other(era5_run, capsys):
     assert main(["evaluate", str(era5_run)]) == 0
     assert main(["evaluate", str(era5_run), "--set", "data.limit_nsamples_val=1"]) == 0

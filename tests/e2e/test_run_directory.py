@@ -62,6 +62,7 @@ def mounted_tmpfs(directory: Path, options: str):
 # ------------------------------------------------------------------------------------------------ the lock
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_held_directory_fails_at_once_naming_the_holder(tiny_config):
     cfg = tiny_config("train.num_epochs=1")
     train(cfg)
@@ -97,6 +98,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_warning(tiny_config)
     assert not (directory / LOCK_NAME).exists()  # released at the end
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_on_one_directory_exactly_one_trains(tiny_era5, tmp_path):
     command = [
         sys.executable,
@@ -185,6 +187,7 @@ class FullDisk:
         return Limited()
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_a_save_keeps_the_last_checkpoint_and_says_so_plainly(tiny_config, monkeypatch):
     cfg = tiny_config("train.num_epochs=1")
     train(cfg)
@@ -255,6 +258,7 @@ def test_too_little_space_for_one_checkpoint_fails_at_start(tiny_config, tmp_pat
         assert "Starting Training Loop" not in (run_dir(cfg) / "out.log").read_text()
 
 
+@pytest.mark.slow
 def test_temporary_files_of_killed_saves_are_removed_at_start(tiny_config):
     cfg = tiny_config("train.num_epochs=1")
     checkpoints = run_dir(cfg) / "checkpoints"
@@ -289,6 +293,7 @@ def test_resume_accepts_a_run_directory_or_its_checkpoints_directory(tiny_config
         train(tiny_config(expdir=tmp_path / "third", **{"checkpoint.resume": str(empty)}))
 
 
+@pytest.mark.slow
 def test_a_damaged_latest_checkpoint_names_the_ones_that_load(tiny_config):
     cfg = tiny_config()
     train(cfg, extra_observers=[StopAtStep(14)])  # epoch 1 is the best so far; latest is at step 14
@@ -307,6 +312,7 @@ def test_a_damaged_latest_checkpoint_names_the_ones_that_load(tiny_config):
     assert load_checkpoint(latest)["progress"]["completed"]
 
 
+@pytest.mark.slow
 def test_more_epochs_continue_a_finished_run(tiny_config):
     train(tiny_config())
     assert train(tiny_config("train.num_epochs=3")) == 0
@@ -319,6 +325,7 @@ def test_more_epochs_continue_a_finished_run(tiny_config):
     assert "resuming with a changed config" not in log
 
 
+@pytest.mark.slow
 def test_weights_only_starts_a_new_run_from_changed_heads(tiny_config, tmp_path):
     source_cfg = tiny_config("train.num_epochs=1", expdir=tmp_path / "source")
     train(source_cfg)
@@ -346,6 +353,7 @@ def test_weights_only_starts_a_new_run_from_changed_heads(tiny_config, tmp_path)
 # ------------------------------------------------------------------------- a relaunch, and what --resume refuses
 
 
+@pytest.mark.slow
 def test_a_relaunch_after_a_kill_before_the_report_writes_it_from_the_final_checkpoint(tiny_config):
     cfg = tiny_config()
     assert train(cfg) == 0
@@ -372,6 +380,7 @@ def test_a_relaunch_after_a_kill_before_the_report_writes_it_from_the_final_chec
     assert (directory / "out.log").read_text().count("the end-of-run report was missing") == 1
 
 
+@pytest.mark.slow
 def test_resume_names_what_it_was_given_instead_of_a_checkpoint_of_this_run(tiny_config, tiny_era5, tmp_path):
     def refused(source: Path) -> str:
         cfg = tiny_config("train.num_epochs=1", **{"checkpoint.resume": str(source)})

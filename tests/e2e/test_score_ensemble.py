@@ -68,6 +68,7 @@ def close(got, expected, what, atol=1e-7):
     np.testing.assert_allclose(got[1:], expected[1:], rtol=1e-5, atol=atol, err_msg=what)
 
 
+@pytest.mark.slow
 def test_the_file_holds_every_member_on_weatherbench2s_number_dimension(ensemble):
     with xarray.open_zarr(ensemble["directory"] / "forecast.zarr") as opened:
         assert list(opened["number"].values) == list(range(MEMBERS))

@@ -72,6 +72,7 @@ def assert_same_scores(scored: dict, forecast: dict, forecasters: dict[str, str]
                 )
 
 
+@pytest.mark.slow
 def test_score_gives_the_forecasts_own_scores(imported):
     directory = imported["directory"]
     forecast = json.loads((directory / "scores.json").read_text())

@@ -41,6 +41,7 @@ def skipped_steps_per_epoch(cfg, epochs: int) -> list[int]:
     return [sum(1 for step in bad_steps if step // steps_per_epoch == epoch) for epoch in range(epochs)]
 
 
+@pytest.mark.slow
 def test_each_epochs_train_loss_is_the_mean_of_its_own_unskipped_steps(tiny_config, nan_era5):
     cfg = tiny_config(f"data.root={nan_era5}", "train.on_nonfinite=skip", "train.num_epochs=2")
     skipped = skipped_steps_per_epoch(cfg, 2)

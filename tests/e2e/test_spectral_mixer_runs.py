@@ -52,6 +52,7 @@ print("ran without dlscale")
 """
 
 
+@pytest.mark.slow
 def test_a_run_trains_forecasts_and_exports_a_program_that_runs_without_dlscale(spectral_run, tmp_path):
     afno_run = spectral_run  # afno or sfno
     mixer = afno_run.parent.name.split("_")[0]

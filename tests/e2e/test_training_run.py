@@ -110,6 +110,7 @@ def test_run_writes_logs_config_checkpoints_tensorboard_and_figures(tiny_config)
     assert "Visualization, t2m" in events.Tags()["images"]
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_run_and_another_seed_does_not(tiny_config, tmp_path):
     runs = [
         tiny_config(expdir=tmp_path / name, **flags)
@@ -135,6 +136,7 @@ def test_same_seed_gives_the_same_run_and_another_seed_does_not(tiny_config, tmp
         pytest.param([4], ["loader.data_loader_config=gpu", "loader.num_data_workers=2"], id="gpu-pipeline"),
     ],
 )
+@pytest.mark.slow
 def test_interrupted_and_resumed_run_equals_uninterrupted_run_bitwise(
     tiny_config, tmp_path, stop_steps, overrides
 ):
@@ -162,6 +164,7 @@ def test_interrupted_and_resumed_run_equals_uninterrupted_run_bitwise(
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_the_gpu_pipeline_trains_exactly_like_the_pytorch_loader(tiny_config, tmp_path):
     pytorch = tiny_config(expdir=tmp_path / "pytorch")
     threaded = tiny_config(
@@ -176,6 +179,7 @@ def test_the_gpu_pipeline_trains_exactly_like_the_pytorch_loader(tiny_config, tm
     ]
 
 
+@pytest.mark.slow
 def test_crash_without_saving_resumes_from_the_last_periodic_checkpoint(tiny_config, tmp_path):
     reference = tiny_config(expdir=tmp_path / "reference")
     train(reference)
@@ -197,6 +201,7 @@ def test_a_finished_run_is_not_trained_again(tiny_config, caplog):
     assert "already finished" in (run_dir(cfg) / "out.log").read_text()
 
 
+@pytest.mark.slow
 def test_resume_never_refuses_to_overwrite_a_checkpoint(tiny_config):
     train(tiny_config(num_epochs=1))
     with pytest.raises(CheckpointError, match="already holds a checkpoint"):

@@ -53,6 +53,7 @@ def tuned(tiny_era5: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_tune_writes_a_config_that_extends_the_original_with_only_the_changed_keys(tuned, tiny_era5):
     document = yaml.safe_load(tuned.read_text())
     assert list(document) == ["tiny_tuned"]
@@ -78,6 +79,7 @@ def test_tune_writes_a_config_that_extends_the_original_with_only_the_changed_ke
         assert written["train"]["local_batch_size"] is None
 
 
+@pytest.mark.slow
 def test_tune_record_table_and_plot_describe_every_trial(tuned):
     record = json.loads(tuned.with_suffix(".json").read_text())
     assert record["start"]["measurement"]["status"] == "ok"
@@ -103,6 +105,7 @@ def test_tune_record_table_and_plot_describe_every_trial(tuned):
     assert tuned.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_tuned_config_trains(tuned, tmp_path):
     assert main(
         ["train", "--yaml_config", str(tuned), "--config", "tiny_tuned", "--expdir", str(tmp_path), "--num_epochs", "1"]
@@ -113,6 +116,7 @@ def test_tuned_config_trains(tuned, tmp_path):
     assert summary["global_batch_size"] == written.train.global_batch_size
 
 
+@pytest.mark.slow
 def test_running_the_same_tune_again_continues_from_its_cache(tuned, tiny_era5, monkeypatch):
     record = json.loads(tuned.with_suffix(".json").read_text())
     # Every trial is in the cache: a second run measures and trains nothing.

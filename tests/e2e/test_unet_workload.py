@@ -48,6 +48,7 @@ def train_and_report(cfg) -> list:
     return keep.reports
 
 
+@pytest.mark.slow
 def test_the_unet_learns_far_better_than_predicting_zeros(tiny_cosmo, tmp_path):
     # 2 epochs of 256 random crops, 64 steps of 4, about 5 s.
     cfg = tiny(tiny_cosmo, tmp_path, "Nsamples=256", "Nsamples_val=16", "lr=4E-3", "warmup=8")
@@ -82,12 +83,14 @@ def eager_losses(tiny_cosmo, tmp_path_factory) -> Losses:
     return train_and_keep_losses(tiny(tiny_cosmo, expdir, *SMALL_EPOCH), expdir / "tiny" / "00")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("switch", list(SWITCHES))
 def test_bf16_and_compiled_epochs_follow_the_eager_losses(tiny_cosmo, tmp_path, eager_losses, switch):
     cfg = tiny(tiny_cosmo, tmp_path, *SMALL_EPOCH, **SWITCHES[switch])
     assert_follows_eager(train_and_keep_losses(cfg, tmp_path / "tiny" / "00"), eager_losses, switch)
 
 
+@pytest.mark.slow
 def test_a_run_stopped_mid_epoch_resumes_onto_the_same_crops(tiny_cosmo, tmp_path):
     # 2 epochs of 4 steps; stopped after step 6 (mid-epoch 2, whose crops differ from epoch 1's).
     resumed, straight = tiny(tiny_cosmo, tmp_path / "resumed"), tiny(tiny_cosmo, tmp_path / "straight")
@@ -107,6 +110,7 @@ def train_rank(rank: int, data: Path, expdir: Path, overrides: tuple[str, ...]) 
     return train(tiny(data, expdir, *overrides))
 
 
+@pytest.mark.slow
 def test_two_ranks_train_like_one_rank_with_the_whole_batch(tiny_cosmo, tmp_path):
     # gpu pipeline with device-side rotations, fresh crops per epoch, a density term in the loss
     overrides = ("num_epochs=1", "Nsamples=8", "data_loader_config=gpu", "lambda_rho=0.01")

@@ -240,6 +240,7 @@ def test_tensor_and_context_parallelism_refuse_an_afno_model():
     afno_cfg(mixer="attention").check_parallel(2, 2)
 
 
+@pytest.mark.slow
 def test_torch_compile_trains_the_afno_vit_as_eager_does():
     torch._dynamo.reset()
     from torch._dynamo.utils import counters

@@ -106,6 +106,7 @@ def test_validation_figures_include_the_skill_figure_when_the_workload_reports_s
     assert list(drawn) == (["skill_vs_persistence"] if with_skill else [])
 
 
+@pytest.mark.slow
 def test_a_finished_run_reports_the_skill_of_its_last_validation(tiny_config):
     from dlscale.run.training import train
 

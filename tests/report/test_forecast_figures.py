@@ -112,6 +112,7 @@ def test_scores_json_holds_the_spectra_at_the_report_leads_and_the_ratio_at_ever
         assert ratios[-1] < 0.1  # 40 steps of smoothing: the short waves are gone
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("channels", [("t2m",), ("z500", "t850", "t2m", "u10")])
 def test_the_spectra_and_bias_figures_have_a_panel_per_channel_and_are_written(channels, tmp_path):
     trajectories = EarthTrajectories(channels)

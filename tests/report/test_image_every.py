@@ -8,6 +8,7 @@ import dlscale.report.metrics_observer as metrics_observer
 from dlscale.run.training import train
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("every", "drawn"), [(1, [1, 2, 3]), (2, [2, 3]), (5, [3])])
 def test_figures_are_drawn_every_image_every_epochs_and_at_the_last(tiny_config, monkeypatch, every, drawn):
     epochs = []  # the epoch of every validation whose figures were drawn for TensorBoard

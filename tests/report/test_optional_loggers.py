@@ -68,6 +68,7 @@ def the_backend(opened, kind):
     return next(logger for logger in opened.owned if isinstance(logger, kind))
 
 
+@pytest.mark.slow
 def test_the_packages_are_imported_only_when_a_run_names_them(tmp_path):
     # Meaningful where they are installed: there an import at the top of loggers.py would load them.
     pytest.importorskip("wandb", reason=WANDB_MISSING)

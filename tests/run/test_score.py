@@ -152,6 +152,7 @@ def test_a_comparison_scores_each_forecast_as_alone_on_their_common_times_and_le
     assert "skill_vs_lead.png" in compared["files"]
 
 
+@pytest.mark.slow
 def test_the_default_directory_is_beside_the_forecast(truth_store, tmp_path):
     forecast = offset_forecast(truth_store, tmp_path / "mine.zarr", OFFSETS, leads=(6,))
     assert main(["score", str(forecast), "--truth", str(truth_store)]) == 0

@@ -133,6 +133,7 @@ COMPILE_BACKEND = "aot_eager"
 
 # AFNO's compiled training is tests/models/test_afno.py::test_torch_compile_trains_the_afno_vit_as_eager_does.
 # SFNO's has one block: every block compiles alike, and one takes half the time of two.
+@pytest.mark.slow
 @pytest.mark.parametrize(("mixer", "depth"), [("attention", 2), ("sfno", 1)])
 def test_compiled_model_trains_like_the_eager_model(mixer, depth):
     torch._dynamo.reset()

@@ -244,6 +244,7 @@ def test_an_entry_point_registers_a_workload_by_name(toy, monkeypatch):
     assert "toy_line:WORKLOAD" not in workload_names()
 
 
+@pytest.mark.slow
 def test_config_keys_lists_a_users_sections(toy):
     text = config_reference("toy_line:WORKLOAD")
     assert "data:  (LineData)" in text and "  toy_slope: a number (default 3.0)" in text

@@ -477,6 +477,7 @@ def tiny_command(tiny_era5: Path, tmp_path: Path, *extra: str, config: str = "ti
 
 
 # The ViT with each of its token mixers (model.mixer: attention, afno, sfno).
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["tiny", "afno_tiny", "sfno_tiny"])
 def test_dlscale_bench_runs_the_three_tests_and_writes_the_json(config, tiny_era5, tmp_path, capsys):
     assert main(tiny_command(tiny_era5, tmp_path, config=config)) == 0
@@ -503,6 +504,7 @@ def test_dlscale_bench_runs_the_three_tests_and_writes_the_json(config, tiny_era
     assert f"FLOPs: {3 * forward / 1e9:.4g} GFLOP per training sample" in out
 
 
+@pytest.mark.slow
 def test_dlscale_bench_sweep_writes_a_table_and_a_plot(tiny_era5, tmp_path, capsys):
     assert main(tiny_command(tiny_era5, tmp_path, "--sweep", "num_data_workers=0,1")) == 0
     out = capsys.readouterr().out

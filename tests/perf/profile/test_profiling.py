@@ -417,6 +417,7 @@ def test_torch_profiler_writes_what_it_recorded_when_the_run_stops_early(tmp_pat
     assert too_late.trace_path is None and "no trace written" in caplog.text
 
 
+@pytest.mark.slow
 def test_real_run_writes_a_valid_trace_of_exactly_the_active_steps(tiny_config):
     from dlscale.run.training import train
 

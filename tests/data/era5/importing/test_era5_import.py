@@ -420,6 +420,7 @@ def test_a_cloud_url_without_its_backend_says_what_to_install(tmp_path, monkeypa
 # --- memory ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_memory_stays_a_few_blocks_however_long_the_years(tmp_path, monkeypatch):
     """numpy's allocations (tracemalloc sees them) peak at two block buffers, the float64 statistics pass and
     the readers' temporaries: about 7 blocks here, against 32 blocks of data; the climatology computed at the
