@@ -63,7 +63,7 @@ demo: $(STAMP)
 # TEST_WORKERS: pytest-xdist processes, one per core of the 2-core CI machine (each test's torch runs one thread,
 # tests/conftest.py); worksteal evens out the long tests. TEST_WORKERS=0 runs the suite in this one process.
 # TEST_SELECTION: `make test` leaves out the tests marked slow (4 s or more each on 2 cores: end-to-end runs of the
-# commands, forked ranks, torchrun; about 130 of the suite's 2,950 tests and two thirds of its time), so that it
+# commands, forked ranks, torchrun; about 180 of the suite's 2,980 tests and two thirds of its time), so that it
 # takes minutes; `make test-all` runs every test, and CI runs it (.ci/run).
 TEST_WORKERS ?= 2
 TEST_SELECTION ?= -m "not slow"
