@@ -503,3 +503,15 @@ def test_a_list_of_words_from_the_command_line_is_read_as_a_list():
     assert not _is_text_type(list[str]) and not _is_text_type(tuple[str, ...])
     cfg = load_run_config(SHIPPED, "tiny", ["log.loggers=[tensorboard]", "log.run_num=007"])
     assert cfg.log.loggers == ("tensorboard",) and cfg.log.run_num == "007"
+
+
+def test_the_crps_recipes_stages_keep_one_model_and_reach_the_scored_lead():
+    """The CRPS recipe's stages (docs/after-training.md) start each from the one before with its weights only, so
+    they share one model and its noise inputs; the last one's rollouts reach 5 days, the lead it is scored at."""
+    stages = ["crps_demo", "crps_finetune_demo", "crps_rollout_demo", "crps_long_rollout_demo"]
+    resolved = [load_shipped(name) for name in stages]
+    models = [cfg.to_dict()["model"] for cfg in resolved]
+    assert all(model == models[0] for model in models) and models[0]["noise_channels"] > 0
+    assert [cfg.train.loss for cfg in resolved] == ["crps"] * 4
+    reach = [cfg.train.rollout_schedule for cfg in resolved[2:]]
+    assert reach[0].endswith("=8") and reach[1].endswith("=20")  # 2 days, then 5 days of 6-hour steps
