@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmark_text import command_line
-from crps_calibration import BAND, add_block_arguments, block_ensembles, ratio_panel, values
+from crps_calibration import BAND, add_block_arguments, block_ensembles, paired_crps, ratio_panel, values
 from multistep_forecast_skill import (
     blocks_of,
     channel_panels,
@@ -129,9 +129,7 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
                        "crps": interval(values(record, label, "crps", name, k))}  # fmt: skip
                 if kind != ONE_SCALE:
                     other = f"{ONE_SCALE}, {members}"
-                    pairs = zip(values(record, label, "crps", name, k), values(record, other, "crps", name, k),
-                                strict=True)  # fmt: skip
-                    row["crps_minus_one_scale"] = interval([a - b for a, b in pairs])
+                    row["crps_minus_one_scale"] = paired_crps(record, label, record, other, name, k)
                 out.setdefault(label, {}).setdefault(name, {})[str(days)] = row
     return out
 

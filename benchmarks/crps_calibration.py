@@ -255,7 +255,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "gaussian_from": None if args.gaussian_from is None else str(args.gaussian_from),
         "split": args.split,
         "lead": args.lead,
-        "blocks": [[block[0], block[-1], len(block)] for block in blocks],
+        "blocks": block_spans(blocks),
         "lead_hours": probe["lead_hours"],
         "channels": args.channels,
         "days": args.days,
@@ -265,6 +265,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "cost": cost(args),
         "time_split": [time_split(members) for members in args.split_members],
     }
+
+
+def block_spans(blocks: list[list[str]]) -> list[list[Any]]:
+    """Each block of initial times as the record keeps it: [first, last, how many]."""
+    return [[block[0], block[-1], len(block)] for block in blocks]
 
 
 def earlier_gaussians(
@@ -278,7 +283,7 @@ def earlier_gaussians(
         "perturb": args.perturb,
         "split": args.split,
         "lead_hours": lead_hours,
-        "blocks": [[block[0], block[-1], len(block)] for block in blocks],
+        "blocks": block_spans(blocks),
     }
     for key, value in wanted.items():
         if earlier.get(key) != value:
@@ -312,9 +317,9 @@ def check_same(again: dict[str, Any], kept: dict[str, Any], args: argparse.Names
 
 def recipe(run: Path) -> dict[str, Any]:
     """How the CRPS model was trained, from its run's config.yaml: members, noise channels, rollouts, the rate."""
-    import yaml
+    from dlscale.config.yaml_source import read_config_file
 
-    (config,) = yaml.safe_load((run / "config.yaml").read_text()).values()  # {config name: resolved config}
+    (config,) = read_config_file(run / "config.yaml").values()  # {config name: resolved config}
     train, model = config.get("train", {}), config.get("model", {})
     return {
         "ensemble_members": train.get("ensemble_members"),
@@ -358,6 +363,17 @@ def values(record: dict[str, Any], label: str, key: str, name: str, k: int) -> l
     return [block[key][name][k] for block in record["ensembles"][label]]
 
 
+def paired_crps(
+    record: dict[str, Any], label: str, other: dict[str, Any], other_label: str, name: str, k: int
+) -> dict[str, float]:
+    """The interval of ``record``'s ensemble ``label`` minus ``other``'s ``other_label`` in CRPS of ``name`` at lead
+    index ``k``, paired by block (the two scored the same blocks)."""
+    pairs = zip(
+        values(record, label, "crps", name, k), values(other, other_label, "crps", name, k), strict=True
+    )
+    return interval([a - b for a, b in pairs])
+
+
 def summarize(record: dict[str, Any]) -> dict[str, Any]:
     """Per ensemble, channel and day: spread/skill and CRPS with intervals, whether the ratio's mean is in the
     band, and per size the CRPS difference crps - gaussian paired by block."""
@@ -374,9 +390,7 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
                        "crps": interval(values(record, label, "crps", name, k))}  # fmt: skip
                 if label.startswith("crps "):
                     other = f"gaussian {label.split()[1]}"
-                    pairs = zip(values(record, label, "crps", name, k), values(record, other, "crps", name, k),
-                                strict=True)  # fmt: skip
-                    row["crps_minus_gaussian"] = interval([a - b for a, b in pairs])
+                    row["crps_minus_gaussian"] = paired_crps(record, label, record, other, name, k)
                 out.setdefault(label, {}).setdefault(name, {})[str(days)] = row
     return out
 
@@ -501,7 +515,7 @@ def paired_lines(record: dict[str, Any], other: dict[str, Any]) -> list[str]:
             if k is None:
                 continue
             cells = [
-                f"{name} {interval_text(interval([a - b for a, b in zip(values(record, label, 'crps', name, k), values(other, label, 'crps', name, k), strict=True)]))}"
+                f"{name} {interval_text(paired_crps(record, label, other, label, name, k))}"
                 for name in record["channels"]
             ]
             lines.append(f"{members} members, {lead_text(days * 24)}: " + "; ".join(cells))
